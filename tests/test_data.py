@@ -1,0 +1,187 @@
+import hashlib
+import pickle
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import datasets
+
+from vit.data import (CIFAR10_CLASSES, CIFARDataModule, DataError, DigitsDataModule, ImageFolderDataModule,
+                      load_image)
+
+
+def _md5(path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def write_tiny_cifar10(root, n_per_batch=4, seed=0):
+    """CIFAR-10 in torchvision's exact on-disk layout: cifar-10-batches-py/ with five pickled training batches, a test
+    batch and batches.meta (str keys, as the original Python 2 pickles read with encoding='latin1'); also packed as
+    cifar-10-python.tar.gz. Returns {file name: md5} and the data, to patch torchvision's expected checksums."""
+    rng = np.random.default_rng(seed)
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    data = {}
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        x = rng.integers(0, 256, size=(n_per_batch, 3072), dtype=np.uint8)  # rows of R(1024) G(1024) B(1024)
+        y = rng.integers(0, 10, size=n_per_batch).tolist()
+        data[name] = (x, y)
+        with open(folder / name, "wb") as f:
+            pickle.dump({"batch_label": name, "labels": y, "data": x,
+                         "filenames": [f"{name}_{i}.png" for i in range(n_per_batch)]}, f, protocol=2)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": CIFAR10_CLASSES, "num_cases_per_batch": n_per_batch, "num_vis": 3072}, f,
+                    protocol=2)
+    with tarfile.open(root / "cifar-10-python.tar.gz", "w:gz") as tar:
+        tar.add(folder, arcname="cifar-10-batches-py")
+    md5 = {p.name: _md5(p) for p in folder.iterdir()}
+    md5["cifar-10-python.tar.gz"] = _md5(root / "cifar-10-python.tar.gz")
+    return md5, data
+
+
+@pytest.fixture
+def tiny_cifar(tmp_path, monkeypatch):
+    md5, data = write_tiny_cifar10(tmp_path)
+    # torchvision checks each file against the real CIFAR's md5: point those checks at our tiny files.
+    cls = datasets.CIFAR10
+    monkeypatch.setattr(cls, "train_list", [[n, md5[n]] for n, _ in cls.train_list])
+    monkeypatch.setattr(cls, "test_list", [[n, md5[n]] for n, _ in cls.test_list])
+    monkeypatch.setattr(cls, "meta", {**cls.meta, "md5": md5["batches.meta"]})
+    monkeypatch.setattr(cls, "tgz_md5", md5["cifar-10-python.tar.gz"])
+    return tmp_path, data
+
+
+def test_cifar10_loads_torchvision_on_disk_format(tiny_cifar):
+    root, data = tiny_cifar
+    dm = CIFARDataModule("cifar10", root=str(root), download=False, batch_size=4, num_workers=0)
+    assert (dm.num_classes, dm.class_names, dm.img_size) == (10, CIFAR10_CLASSES, 32)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert len(dm.train_set) == 20 and len(dm.val_set) == 4
+    # Validation is untouched by augmentation: the first test image comes back as stored, normalised.
+    x, y = dm.val_set[0]
+    raw = torch.from_numpy(data["test_batch"][0][0]).reshape(3, 32, 32).float() / 255
+    mean, std = torch.tensor(dm.mean)[:, None, None], torch.tensor(dm.std)[:, None, None]
+    torch.testing.assert_close(x, (raw - mean) / std)
+    assert y == data["test_batch"][1][0]
+    xb, yb = next(iter(dm.train_dataloader()))
+    assert xb.shape == (4, 3, 32, 32) and xb.dtype == torch.float32 and yb.shape == (4,)
+
+
+def test_cifar10_extracts_an_archive_put_in_root_without_network(tiny_cifar):
+    root, _ = tiny_cifar
+    import shutil
+
+    shutil.rmtree(root / "cifar-10-batches-py")  # only the .tar.gz, as a person would download it by hand
+    dm = CIFARDataModule("cifar10", root=str(root), download=True, batch_size=4, num_workers=0)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert len(dm.train_set) == 20
+
+
+def test_missing_cifar_says_where_to_put_the_archive(tmp_path):
+    dm = CIFARDataModule("cifar10", root=str(tmp_path / "nothing"), download=False, num_workers=0)
+    with pytest.raises(DataError, match=r"put cifar-10-python\.tar\.gz .* in .*nothing/") as e:
+        dm.prepare_data()
+    assert "\n" not in str(e.value)
+
+
+def test_cifar100_names():
+    dm = CIFARDataModule("cifar100", num_workers=0)
+    assert dm.num_classes == 100 == len(set(dm.class_names))
+    assert dm.class_names[:3] == ["apple", "aquarium_fish", "baby"] and dm.class_names[-1] == "worm"
+
+
+def _write_images(folder, n, mode, size, seed):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        arr = rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
+        img = Image.fromarray(arr)
+        if mode == "P":
+            img = img.convert("P")
+        elif mode == "I;16":
+            img = Image.fromarray((arr[..., 0].astype(np.uint16) * 257))
+        elif mode != "RGB":
+            img = img.convert(mode)
+        img.save(folder / f"{mode.replace(';', '_')}-{seed}-{i}.{'jpg' if mode in ('RGB', 'CMYK') else 'png'}")
+
+
+def test_image_folder_with_train_and_val(tmp_path):
+    for split, n in (("train", 6), ("val", 2)):
+        _write_images(tmp_path / split / "cat", n, "RGB", (50, 40), 0)
+        _write_images(tmp_path / split / "dog", n, "RGBA", (20, 30), 1)
+        _write_images(tmp_path / split / "eel", n, "L", (64, 64), 2)
+    _write_images(tmp_path / "train" / "eel", 2, "P", (33, 33), 3)
+    _write_images(tmp_path / "train" / "eel", 2, "I;16", (16, 24), 4)
+    dm = ImageFolderDataModule(str(tmp_path), img_size=24, batch_size=4, num_workers=0)
+    assert dm.class_names == ["cat", "dog", "eel"] and dm.num_classes == 3
+    dm.setup("fit")
+    assert len(dm.train_set) == 22 and len(dm.val_set) == 6
+    for x, _ in dm.train_dataloader():
+        assert x.shape == (4, 3, 24, 24)
+    ys = sorted(y for _, y in dm.val_set)
+    assert ys == [0, 0, 1, 1, 2, 2]
+
+
+def test_image_folder_split_by_fraction_and_seed(tmp_path):
+    for c in ("a", "b"):
+        _write_images(tmp_path / c, 10, "RGB", (32, 32), ord(c))
+    dm = ImageFolderDataModule(str(tmp_path), val_fraction=0.25, split_seed=3, num_workers=0)
+    dm.setup("fit")
+    assert (len(dm.train_set), len(dm.val_set)) == (15, 5)
+    assert set(dm.train_set.indices).isdisjoint(dm.val_set.indices)
+    again = ImageFolderDataModule(str(tmp_path), val_fraction=0.25, split_seed=3, num_workers=0)
+    again.setup("fit")
+    assert again.val_set.indices == dm.val_set.indices
+    # The val subset uses the evaluation transform: deterministic, unlike the training one.
+    torch.testing.assert_close(dm.val_set[0][0], dm.val_set[0][0])
+
+
+def test_image_folder_errors_name_the_path(tmp_path):
+    with pytest.raises(DataError, match="is not a folder"):
+        ImageFolderDataModule(str(tmp_path / "missing"))
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    (tmp_path / "val" / "zebra").mkdir(parents=True)
+    with pytest.raises(DataError, match=r"classes \['zebra'\] are not in"):
+        ImageFolderDataModule(str(tmp_path))
+
+
+@pytest.mark.parametrize("mode", ["L", "RGBA", "P", "CMYK", "I;16", "LA"])
+def test_load_image_converts_every_mode_to_rgb(tmp_path, mode):
+    _write_images(tmp_path, 1, mode, (9, 7), 0)
+    path = next(tmp_path.iterdir())
+    img = load_image(path)
+    assert img.mode == "RGB" and img.size == (9, 7)
+
+
+
+def test_load_image_16_bit_uses_the_full_range(tmp_path):
+    Image.fromarray(np.array([[0, 32896, 65535]], dtype=np.uint16)).save(tmp_path / "x.png")
+    assert np.asarray(load_image(tmp_path / "x.png"))[0, :, 0].tolist() == [0, 128, 255]
+
+
+def test_digits_split_and_ranges():
+    dm = DigitsDataModule()
+    assert (len(dm.train_set), len(dm.val_set)) == (1437, 360)
+    assert dm.train_set.images.dtype == torch.uint8 and dm.train_set.images.shape[1:] == (3, 32, 32)
+    assert dm.train_set.images.max() == 255 and dm.train_set.images.min() == 0
+    assert sorted(set(dm.val_set.targets.tolist())) == list(range(10))
+    # fixed split: same seed, same images; another seed, another split
+    again, other = DigitsDataModule(), DigitsDataModule(split_seed=1)
+    assert torch.equal(again.val_set.images, dm.val_set.images)
+    assert not torch.equal(other.val_set.images, dm.val_set.images)
+    x = torch.stack([dm.val_set[i][0] for i in range(len(dm.val_set))])
+    assert x.dtype == torch.float32 and abs(x.mean().item()) < 0.1 and 0.8 < x.std().item() < 1.2
+
+
+def test_digits_augmentation_crops_but_never_flips():
+    dm = DigitsDataModule()
+    raw = dm.train_set.images[0].float() / 255
+    mean, std = torch.tensor(dm.mean)[:, None, None], torch.tensor(dm.std)[:, None, None]
+    views = [dm.train_set[0][0] * std + mean for _ in range(30)]
+    assert any(not torch.allclose(v, raw, atol=1e-5) for v in views)  # crops move the digit
+    flipped = raw.flip(-1)
+    assert not any(torch.allclose(v, flipped, atol=1e-5) for v in views)

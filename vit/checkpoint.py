@@ -1,0 +1,59 @@
+"""Load checkpoints as data, never as code.
+
+`torch.load(weights_only=True)` refuses any pickle that would build an object other than tensors and plain
+containers, so a checkpoint from a stranger cannot run code here. `ViTClassifier` keeps its hyper-parameters plain
+(numbers, strings, lists) for exactly this reason.
+"""
+
+import inspect
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+
+from vit.model import VisionTransformer
+
+MODEL_ARGS = tuple(inspect.signature(VisionTransformer).parameters)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and the reason in one line."""
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """Read a Lightning checkpoint of this toolkit safely. Raises CheckpointError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: refused to load: it holds pickled objects, not plain data ({first})") from None
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or another format: {first})") from None
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict) \
+            or not isinstance(ckpt.get("hyper_parameters"), dict):
+        raise CheckpointError(f"{path}: not a checkpoint of this toolkit (no state_dict and hyper_parameters)")
+    return ckpt
+
+
+def load_model(path: str | Path) -> tuple[VisionTransformer, dict]:
+    """The plain `VisionTransformer` of a training checkpoint, in eval mode, and its hyper-parameters (class names,
+    img_size, mean, std, ...)."""
+    ckpt = load_checkpoint(path)
+    hparams = ckpt["hyper_parameters"]
+    try:
+        model = VisionTransformer(**{k: hparams[k] for k in MODEL_ARGS if k in hparams})
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: hyper-parameters do not build a model ({e})") from None
+    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        detail = " ".join(str(e).split())[:300]
+        raise CheckpointError(f"{path}: weights do not fit the architecture in its hyper-parameters ({detail})") \
+            from None
+    return model.eval(), hparams

@@ -1,0 +1,262 @@
+"""DataModules: CIFAR-10/100 (torchvision), a folder of your own images, and the built-in offline `digits` set.
+
+Each DataModule knows, from its constructor alone, what the model needs to be built and what predict needs to
+preprocess an image the way training did: `num_classes`, `class_names`, `img_size`, `in_chans`, `mean`, `std`.
+`train.py` links these into the LightningModule, which stores them in every checkpoint as plain types.
+"""
+
+from pathlib import Path
+from typing import Literal
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, Subset
+from torchvision import datasets
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
+from torchvision.transforms import v2
+
+AutoAugment = Literal["none", "randaugment", "trivialaugment", "autoaugment"]
+
+CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+CIFAR100_CLASSES = """apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus butterfly
+camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach couch crab crocodile cup dinosaur dolphin
+elephant flatfish forest fox girl hamster house kangaroo keyboard lamp lawn_mower leopard lion lizard lobster man
+maple_tree motorcycle mountain mouse mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree plain
+plate poppy porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk skyscraper snail snake
+spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger tractor train trout tulip turtle
+wardrobe whale willow_tree wolf woman worm""".split()
+
+
+class DataError(ValueError):
+    """Data that cannot be used: missing, unreadable or inconsistent. The message names the path or field."""
+
+
+def load_image(path: str | Path) -> Image.Image:
+    """Open any image as 8-bit RGB: grayscale, palette, RGBA (composited on white), CMYK and 16-bit included."""
+    img = Image.open(path)
+    img.load()
+    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
+        # 16/32-bit integer grayscale: PIL's convert('L') clips instead of scaling, so scale by the type's range.
+        arr = np.asarray(img, dtype=np.float64)
+        top = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0
+        img = Image.fromarray(np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8))
+    if img.mode == "P" or img.mode in ("RGBA", "LA", "PA"):
+        img = img.convert("RGBA")
+        background = Image.new("RGBA", img.size, (255, 255, 255, 255))
+        img = Image.alpha_composite(background, img)
+    return img.convert("RGB")
+
+
+def train_transform(img_size: int, mean, std, crop_padding: int = 4, hflip: bool = True,
+                    auto_augment: AutoAugment = "none", random_resized_crop: bool = False) -> v2.Compose:
+    """Training augmentation for a PIL image or a uint8 (C, H, W) tensor -> normalised float tensor."""
+    if random_resized_crop:
+        ops = [v2.RandomResizedCrop(img_size, scale=(0.35, 1.0), antialias=True)]
+    else:
+        ops = [v2.RandomCrop(img_size, padding=crop_padding)] if crop_padding else []
+    if hflip:
+        ops.append(v2.RandomHorizontalFlip())
+    policies = {"randaugment": v2.RandAugment, "trivialaugment": v2.TrivialAugmentWide, "autoaugment": v2.AutoAugment}
+    if auto_augment != "none":
+        if auto_augment not in policies:
+            raise ValueError(f"auto_augment={auto_augment!r} is not one of {['none', *policies]}")
+        ops.append(policies[auto_augment]())
+    return v2.Compose([*ops, v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+
+
+def eval_transform(img_size: int, mean, std) -> v2.Compose:
+    """Evaluation and predict preprocessing: shorter side to img_size, centre crop, normalise."""
+    return v2.Compose([v2.ToImage(), v2.Resize(img_size, antialias=True), v2.CenterCrop(img_size),
+                       v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+
+
+class TensorImageDataset(Dataset):
+    """Images held in memory as one uint8 tensor (N, C, H, W), transformed per item."""
+
+    def __init__(self, images: torch.Tensor, targets: torch.Tensor, transform=None):
+        self.images, self.targets, self.transform = images, targets, transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        img = self.images[i]
+        return (self.transform(img) if self.transform else img), int(self.targets[i])
+
+
+class ImageClassificationData(L.LightningDataModule):
+    """Shared loaders and the facts about the data that the model and predict need."""
+
+    num_classes: int
+    class_names: list[str]
+    img_size: int
+    in_chans: int = 3
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def __init__(self, batch_size: int, num_workers: int):
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
+        if num_workers < 0:
+            raise ValueError(f"num_workers={num_workers} must be >= 0")
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+
+    def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
+        # drop_last on train: Mixup needs even batches, and a ragged last batch would recompile a compiled model.
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=train and len(dataset) >
+                          self.batch_size, num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, train=False)
+
+
+class DigitsDataModule(ImageClassificationData):
+    """scikit-learn's 1,797 real 8x8 handwritten digits (shipped inside the package: works offline), upscaled to
+    img_size x img_size RGB. A fixed train/val split by `split_seed`; random-crop augmentation, no flip (a flipped
+    digit is another glyph)."""
+
+    def __init__(self, img_size: int = 32, val_size: int = 360, split_seed: int = 0, batch_size: int = 64,
+                 num_workers: int = 0, crop_padding: int = 4):
+        super().__init__(batch_size, num_workers)
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        if not 0 < val_size < len(digits.target):
+            raise ValueError(f"val_size={val_size} must be between 1 and {len(digits.target) - 1}")
+        x = torch.from_numpy(digits.images).float()[:, None] / 16.0  # (N, 1, 8, 8) in [0, 1]
+        x = F.interpolate(x, size=(img_size, img_size), mode="bilinear", align_corners=False)
+        images = (x.clamp(0, 1) * 255).round().to(torch.uint8).expand(-1, 3, -1, -1).contiguous()  # (N, 3, S, S)
+        targets = torch.from_numpy(digits.target).long()
+        perm = torch.randperm(len(targets), generator=torch.Generator().manual_seed(split_seed))
+        train_idx, val_idx = perm[val_size:], perm[:val_size]
+
+        self.num_classes, self.class_names = 10, [str(i) for i in range(10)]
+        self.img_size, self.in_chans = img_size, 3
+        train_pixels = images[train_idx].float() / 255
+        self.mean = tuple(round(v, 4) for v in train_pixels.mean(dim=(0, 2, 3)).tolist())
+        self.std = tuple(round(v, 4) for v in train_pixels.std(dim=(0, 2, 3)).tolist())
+        self.train_set = TensorImageDataset(images[train_idx], targets[train_idx],
+                                            train_transform(img_size, self.mean, self.std, crop_padding, hflip=False))
+        self.val_set = TensorImageDataset(images[val_idx], targets[val_idx],
+                                          v2.Compose([v2.ToDtype(torch.float32, scale=True),
+                                                      v2.Normalize(self.mean, self.std)]))
+
+
+class CIFARDataModule(ImageClassificationData):
+    """CIFAR-10 or CIFAR-100 through torchvision, in `root` (downloaded there when the network allows). The official
+    test set serves as validation."""
+
+    def __init__(self, dataset: Literal["cifar10", "cifar100"] = "cifar10", root: str = "data", download: bool = True,
+                 batch_size: int = 128, num_workers: int = 2, crop_padding: int = 4, hflip: bool = True,
+                 auto_augment: AutoAugment = "none"):
+        super().__init__(batch_size, num_workers)
+        if dataset not in ("cifar10", "cifar100"):
+            raise ValueError(f"dataset={dataset!r} is not one of ['cifar10', 'cifar100']")
+        self.dataset, self.root, self.download = dataset, root, download
+        self.class_names = list(CIFAR10_CLASSES if dataset == "cifar10" else CIFAR100_CLASSES)
+        self.num_classes, self.img_size, self.in_chans = len(self.class_names), 32, 3
+        self.mean, self.std = (CIFAR10_MEAN, CIFAR10_STD) if dataset == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
+        self.train_tf = train_transform(32, self.mean, self.std, crop_padding, hflip, auto_augment)
+        self.eval_tf = eval_transform(32, self.mean, self.std)
+
+    def _open(self, train: bool, transform) -> datasets.CIFAR10:
+        cls = datasets.CIFAR10 if self.dataset == "cifar10" else datasets.CIFAR100
+        try:
+            ds = cls(self.root, train=train, transform=transform, download=self.download)
+        except (OSError, RuntimeError) as e:  # URLError is an OSError; torchvision raises RuntimeError if absent
+            reason = getattr(e, "reason", None) or str(e).splitlines()[0]
+            raise DataError(f"{self.dataset} not found in {self.root}/ and not downloadable ({reason}): put "
+                            f"{cls.filename} (from {cls.url.rsplit('/', 1)[0]}/) in {self.root}/ and run again")
+        if ds.classes != self.class_names:
+            raise DataError(f"{self.root}/{cls.base_folder}/{cls.meta['filename']}: class names {ds.classes[:3]}... "
+                            f"differ from {self.dataset}'s")
+        return ds
+
+    def prepare_data(self) -> None:
+        self._open(True, None)
+        self._open(False, None)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is None:
+            self.train_set = self._open(True, self.train_tf)
+            self.val_set = self._open(False, self.eval_tf)
+
+
+class ImageFolderDataModule(ImageClassificationData):
+    """Your own images: `root/train/<class>/*` and `root/val/<class>/*`, or `root/<class>/*` split into train and
+    val by `val_fraction` and `split_seed`. Any size and mode (grayscale, RGBA, palette, 16-bit) is converted to RGB."""
+
+    def __init__(self, root: str, img_size: int = 32, val_fraction: float = 0.2, split_seed: int = 0,
+                 batch_size: int = 64, num_workers: int = 2, hflip: bool = True, auto_augment: AutoAugment = "none",
+                 mean: tuple[float, float, float] = IMAGENET_MEAN, std: tuple[float, float, float] = IMAGENET_STD):
+        super().__init__(batch_size, num_workers)
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise DataError(f"data.root={root!r} is not a folder")
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"val_fraction={val_fraction} must be in (0, 1)")
+        split = (self.root / "train").is_dir() and (self.root / "val").is_dir()
+        self.train_dir = self.root / "train" if split else self.root
+        self.val_dir = self.root / "val" if split else None
+        self.class_names = self._classes(self.train_dir)
+        if self.val_dir is not None:
+            unknown = sorted(set(self._classes(self.val_dir)) - set(self.class_names))
+            if unknown:
+                raise DataError(f"{self.val_dir}: classes {unknown} are not in {self.train_dir}")
+        self.num_classes, self.img_size, self.in_chans = len(self.class_names), img_size, 3
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.val_fraction, self.split_seed = val_fraction, split_seed
+        self.train_tf = train_transform(img_size, mean, std, hflip=hflip, auto_augment=auto_augment,
+                                        random_resized_crop=True)
+        self.eval_tf = eval_transform(img_size, mean, std)
+
+    @staticmethod
+    def _classes(folder: Path) -> list[str]:
+        try:
+            classes, _ = find_classes(str(folder))
+        except FileNotFoundError:
+            raise DataError(f"{folder}: no class subfolders (expected {folder}/<class>/<image>)") from None
+        return classes
+
+    def _folder(self, folder: Path, transform) -> datasets.ImageFolder:
+        to_idx = {c: i for i, c in enumerate(self.class_names)}
+        ds = datasets.DatasetFolder(str(folder), loader=load_image, extensions=IMG_EXTENSIONS, transform=transform,
+                                    allow_empty=True)
+        # Map val's classes onto train's indices (val may lack a class that train has).
+        ds.samples = [(p, to_idx[ds.classes[t]]) for p, t in ds.samples]
+        ds.targets = [t for _, t in ds.samples]
+        if not ds.samples:
+            raise DataError(f"{folder}: no images with extensions {IMG_EXTENSIONS}")
+        return ds
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        if self.val_dir is not None:
+            self.train_set = self._folder(self.train_dir, self.train_tf)
+            self.val_set = self._folder(self.val_dir, self.eval_tf)
+            return
+        # Two dataset objects (train and eval transforms) over one permutation: a random_split of one dataset would
+        # give validation the training augmentation.
+        train_ds, val_ds = self._folder(self.train_dir, self.train_tf), self._folder(self.train_dir, self.eval_tf)
+        perm = torch.randperm(len(train_ds), generator=torch.Generator().manual_seed(self.split_seed)).tolist()
+        n_val = max(1, round(len(perm) * self.val_fraction))
+        if n_val >= len(perm):
+            raise DataError(f"{self.root}: {len(perm)} images are too few to split with val_fraction="
+                            f"{self.val_fraction}")
+        self.train_set, self.val_set = Subset(train_ds, perm[n_val:]), Subset(val_ds, perm[:n_val])

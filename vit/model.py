@@ -1,0 +1,251 @@
+"""A Vision Transformer in plain torch.nn: patches, 2D position embeddings, Pre-Norm blocks with QK-Norm, pooling.
+
+No Lightning here: `vit/module.py` wraps this model for training. Submodule names follow timm's
+`VisionTransformer` (`patch_embed.proj`, `pos_embed`, `blocks.N.attn.qkv`, `attn.q_norm`, `mlp.fc1`, `norm`, `head`)
+so that state dicts map onto timm's one to one.
+
+    model = VisionTransformer(img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=6, num_heads=3)
+    logits = model(images)  # (B, 3, 32, 32) -> (B, 10)
+"""
+
+from functools import partial
+from typing import Literal
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import DropPath, LayerScale, Mlp, resample_abs_pos_embed, trunc_normal_
+
+NormName = Literal["layernorm", "rmsnorm"]
+PosEmbedName = Literal["learned", "sincos2d"]
+PoolName = Literal["avg", "token"]
+
+
+def get_norm_layer(name: str) -> type[nn.Module]:
+    """The norm class for a config name. eps=1e-6 as timm's ViTs (torch's 1e-5 breaks exact timm parity)."""
+    norms = {"layernorm": partial(nn.LayerNorm, eps=1e-6), "rmsnorm": partial(nn.RMSNorm, eps=1e-6)}
+    if name not in norms:
+        raise ValueError(f"norm_layer={name!r} is not one of {sorted(norms)}")
+    return norms[name]
+
+
+def sincos_2d_pos_embed(grid_h: int, grid_w: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Fixed 2D sine-cosine position embedding of "Better plain ViT baselines" (big_vision's posemb_sincos_2d).
+
+    A quarter of the channels each: sin(x), cos(x), sin(y), cos(y). Returns (1, grid_h * grid_w, dim), row-major.
+    """
+    if dim % 4 != 0:
+        raise ValueError(f"embed_dim={dim} must be divisible by 4 for pos_embed='sincos2d'")
+    y, x = torch.meshgrid(torch.arange(grid_h, dtype=torch.float32), torch.arange(grid_w, dtype=torch.float32),
+                          indexing="ij")
+    omega = torch.arange(dim // 4, dtype=torch.float32) / max(dim // 4 - 1, 1)
+    omega = 1.0 / temperature**omega  # (dim/4,)
+    y = y.flatten()[:, None] * omega[None, :]  # (N, dim/4)
+    x = x.flatten()[:, None] * omega[None, :]
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)[None]
+
+
+class PatchEmbed(nn.Module):
+    """Image to patch tokens with one strided convolution: (B, C, H, W) -> (B, N, D), N = (H/p) * (W/p)."""
+
+    def __init__(self, patch_size: int, in_chans: int, embed_dim: int):
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        H, W = x.shape[-2:]
+        if H % self.patch_size or W % self.patch_size:
+            raise ValueError(f"input size {H}x{W} is not divisible by patch_size={self.patch_size}")
+        x = self.proj(x)  # (B, D, H/p, W/p)
+        grid = (x.shape[-2], x.shape[-1])
+        return x.flatten(2).transpose(1, 2), grid  # (B, N, D)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with QK-Norm.
+
+    `fused_attn` (per instance) picks `F.scaled_dot_product_attention` (FlashAttention / memory-efficient kernels on
+    GPU, the flash kernel on CPU) or the manual `softmax(q k^T / sqrt(d)) v`, which materialises the weights: they pass
+    through `attn_drop`, where `vit.attention_maps` reads them.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, qk_norm: bool = True,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, norm_layer: type[nn.Module] = nn.LayerNorm):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.fused_attn = True
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        # One norm over head_dim shared by all heads (timm's qk_norm), applied before the dot product.
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of shape (B, H, N, Dh), q and k normalised."""
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, N, Dh)
+        q, k, v = qkv.unbind(0)
+        return self.q_norm(q), self.k_norm(k), v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        q, k, v = self.qkv_heads(x)
+        if self.fused_attn:
+            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+        else:
+            attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
+            attn = self.attn_drop(attn.softmax(dim=-1))
+            x = attn @ v
+        x = x.transpose(1, 2).reshape(B, N, C)  # (B, H, N, Dh) -> (B, N, D)
+        return self.proj_drop(self.proj(x))
+
+
+class Block(nn.Module):
+    """Pre-Norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)), with LayerScale and DropPath."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True, qk_norm: bool = True,
+                 proj_drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0,
+                 init_values: float | None = None, norm_layer: type[nn.Module] = nn.LayerNorm):
+        super().__init__()
+        self.norm1 = norm_layer(dim)
+        self.attn = Attention(dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, norm_layer)
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+class VisionTransformer(nn.Module):
+    """ViT classifier. Argument names are timm's.
+
+    Args:
+        pos_embed: 'learned' (one trained vector per grid cell) or 'sincos2d' (fixed). Another input resolution
+            resamples the grid: bicubic for learned, recomputed for sincos2d.
+        global_pool: 'avg' averages the patch tokens (no class token); 'token' prepends a class token and reads it.
+        fc_norm: apply the final norm after pooling instead of to every token before it (timm's `fc_norm`).
+        init_values: LayerScale init; None turns LayerScale off.
+    """
+
+    def __init__(self, img_size: int = 32, patch_size: int = 4, in_chans: int = 3, num_classes: int = 10,
+                 embed_dim: int = 192, depth: int = 6, num_heads: int = 3, mlp_ratio: float = 4.0,
+                 qkv_bias: bool = True, qk_norm: bool = True, norm_layer: NormName = "layernorm",
+                 pos_embed: PosEmbedName = "learned", global_pool: PoolName = "avg", fc_norm: bool = False,
+                 drop_rate: float = 0.0, attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0,
+                 init_values: float | None = None):
+        super().__init__()
+        _check_config(img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
+                      embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, pos_embed=pos_embed,
+                      global_pool=global_pool, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                      drop_path_rate=drop_path_rate)
+        norm = get_norm_layer(norm_layer)
+        self.num_classes = num_classes
+        self.embed_dim = embed_dim
+        self.global_pool = global_pool
+        self.grid_size = (img_size // patch_size, img_size // patch_size)
+        self.num_prefix_tokens = 1 if global_pool == "token" else 0
+        self.pos_embed_type = pos_embed
+
+        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if global_pool == "token" else None
+        num_patches = self.grid_size[0] * self.grid_size[1]
+        if pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(1, num_patches, embed_dim))
+        else:  # fixed: a buffer, not saved, recomputed for other grids
+            self.register_buffer("pos_embed", sincos_2d_pos_embed(*self.grid_size, embed_dim), persistent=False)
+        self.pos_drop = nn.Dropout(drop_rate)
+        dpr = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth grows with depth
+        self.blocks = nn.Sequential(*[
+            Block(embed_dim, num_heads, mlp_ratio, qkv_bias, qk_norm, drop_rate, attn_drop_rate, dpr[i], init_values,
+                  norm)
+            for i in range(depth)
+        ])
+        self.norm = nn.Identity() if fc_norm else norm(embed_dim)
+        self.fc_norm = norm(embed_dim) if fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        # timm's default ('') init: trunc-normal(0.02) for linears and the learned pos embed, tiny class token.
+        if isinstance(self.pos_embed, nn.Parameter):
+            trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that AdamW should not decay (besides norms and biases)."""
+        return {"pos_embed", "cls_token"}
+
+    def set_fused_attn(self, enable: bool) -> None:
+        """Switch every attention block between the fused SDPA path and the manual path."""
+        for m in self.modules():
+            if isinstance(m, Attention):
+                m.fused_attn = enable
+
+    def pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor:
+        """The position embedding for a patch grid, (1, gh * gw, D); resampled when the grid is not the trained one."""
+        if grid == self.grid_size:
+            return self.pos_embed
+        if self.pos_embed_type == "sincos2d":
+            return sincos_2d_pos_embed(*grid, self.embed_dim).to(self.pos_embed)
+        return resample_abs_pos_embed(self.pos_embed, new_size=list(grid), old_size=list(self.grid_size),
+                                      num_prefix_tokens=0)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> tokens (B, prefix + N, D) after the final norm."""
+        x, grid = self.patch_embed(x)
+        x = x + self.pos_embed_for(grid)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = self.pos_drop(x)
+        x = self.blocks(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Pool the tokens (mean of the patches, or the class token) and classify: (B, T, D) -> (B, num_classes)."""
+        x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.global_pool == "avg" else x[:, 0]
+        x = self.head_drop(self.fc_norm(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+def _check_config(**cfg) -> None:
+    """Raise ValueError naming the field and value for a configuration that cannot build a model."""
+    for name in ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
+        if not isinstance(cfg[name], int) or cfg[name] < 1:
+            raise ValueError(f"{name}={cfg[name]!r} must be a positive integer")
+    if cfg["num_classes"] < 0:
+        raise ValueError(f"num_classes={cfg['num_classes']} must be >= 0")
+    if cfg["img_size"] % cfg["patch_size"]:
+        raise ValueError(f"img_size={cfg['img_size']} is not divisible by patch_size={cfg['patch_size']}")
+    if cfg["embed_dim"] % cfg["num_heads"]:
+        raise ValueError(f"embed_dim={cfg['embed_dim']} is not divisible by num_heads={cfg['num_heads']}")
+    if cfg["mlp_ratio"] <= 0:
+        raise ValueError(f"mlp_ratio={cfg['mlp_ratio']} must be > 0")
+    if cfg["pos_embed"] not in ("learned", "sincos2d"):
+        raise ValueError(f"pos_embed={cfg['pos_embed']!r} is not one of ['learned', 'sincos2d']")
+    if cfg["pos_embed"] == "sincos2d" and cfg["embed_dim"] % 4:
+        raise ValueError(f"embed_dim={cfg['embed_dim']} must be divisible by 4 for pos_embed='sincos2d'")
+    if cfg["global_pool"] not in ("avg", "token"):
+        raise ValueError(f"global_pool={cfg['global_pool']!r} is not one of ['avg', 'token']")
+    for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
+        if not 0.0 <= cfg[name] < 1.0:
+            raise ValueError(f"{name}={cfg[name]} must be in [0, 1)")

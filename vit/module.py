@@ -1,0 +1,152 @@
+"""The LightningModule: loss, metrics, optimizer and schedule around the plain `VisionTransformer`.
+
+Its typed `__init__` arguments are the `model:` section of the YAML configs. Everything predict needs to rebuild
+the model and preprocess an image (architecture, class names, image size, mean, std) is saved as plain types in the
+checkpoint's `hyper_parameters`, so checkpoints load with `torch.load(weights_only=True)`.
+"""
+
+import inspect
+import math
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
+from torchmetrics.classification import MulticlassAccuracy
+
+from vit.model import NormName, PoolName, PosEmbedName, VisionTransformer
+
+MODEL_ARGS = tuple(inspect.signature(VisionTransformer).parameters)
+
+
+class ViTClassifier(L.LightningModule):
+    """Image classification with a ViT.
+
+    Args:
+        lr: peak learning rate of AdamW, reached after `warmup_epochs` of linear warmup, then cosine to
+            `lr * min_lr_ratio`, stepped every batch.
+        weight_decay: AdamW decay, not applied to norms, biases, position embeddings and the class token.
+        mixup_alpha, cutmix_alpha: timm's Mixup/CutMix on the batch (0 = off); `mixup_prob` per batch.
+        class_names, mean, std: linked from the DataModule by `train.py`; saved for predict.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        img_size: int = 32,
+        in_chans: int = 3,
+        patch_size: int = 4,
+        embed_dim: int = 192,
+        depth: int = 6,
+        num_heads: int = 3,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        qk_norm: bool = True,
+        norm_layer: NormName = "layernorm",
+        pos_embed: PosEmbedName = "learned",
+        global_pool: PoolName = "avg",
+        fc_norm: bool = False,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.1,
+        init_values: float | None = None,
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_epochs: float = 5.0,
+        min_lr_ratio: float = 0.01,
+        label_smoothing: float = 0.1,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+        mixup_prob: float = 1.0,
+        class_names: list[str] | None = None,
+        mean: tuple[float, ...] = (0.5, 0.5, 0.5),
+        std: tuple[float, ...] = (0.5, 0.5, 0.5),
+    ):
+        super().__init__()
+        for name, value in (("lr", lr), ("weight_decay", weight_decay), ("warmup_epochs", warmup_epochs),
+                            ("mixup_alpha", mixup_alpha), ("cutmix_alpha", cutmix_alpha)):
+            if value < 0:
+                raise ValueError(f"{name}={value} must be >= 0")
+        for name, value in (("label_smoothing", label_smoothing), ("mixup_prob", mixup_prob),
+                            ("min_lr_ratio", min_lr_ratio)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name}={value} must be in [0, 1]")
+        if class_names is not None and len(class_names) != num_classes:
+            raise ValueError(f"class_names has {len(class_names)} names but num_classes={num_classes}")
+        # Plain types only (lists, not tuples of objects): the checkpoint must load with weights_only=True.
+        self.save_hyperparameters()
+        self.hparams.update(class_names=list(class_names) if class_names else None, mean=[float(v) for v in mean],
+                            std=[float(v) for v in std], betas=[float(b) for b in betas])
+        self.model = VisionTransformer(**{k: self.hparams[k] for k in MODEL_ARGS})
+        self.mixup = None
+        if mixup_alpha > 0 or cutmix_alpha > 0:
+            self.mixup = Mixup(mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, prob=mixup_prob,
+                               label_smoothing=label_smoothing, num_classes=num_classes)
+            self.soft_ce = SoftTargetCrossEntropy()
+        top5 = min(5, num_classes)
+        self.train_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        if self.mixup is not None and len(x) % 2 == 0:  # timm's Mixup pairs images: it needs an even batch
+            x, y_soft = self.mixup(x, y)
+            loss = self.soft_ce(self(x), y_soft)
+        else:
+            logits = self(x)
+            loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+            self.train_acc(logits, y)
+            self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def _eval_step(self, batch, stage: str) -> None:
+        x, y = batch
+        logits = self(x)
+        acc, acc5 = (self.val_acc, self.val_acc5) if stage == "val" else (self.test_acc, self.test_acc5)
+        acc.update(logits, y)
+        acc5.update(logits, y)
+        self.log(f"{stage}/loss", F.cross_entropy(logits, y), prog_bar=True)
+        self.log(f"{stage}/acc", acc, prog_bar=True)
+        self.log(f"{stage}/acc5", acc5)
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def configure_optimizers(self):
+        skip = self.model.no_weight_decay()
+        decay, no_decay = [], []
+        for name, p in self.model.named_parameters():
+            if p.requires_grad:
+                (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
+        hp = self.hparams
+        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay},
+                                       {"params": no_decay, "weight_decay": 0.0}], lr=hp.lr, betas=tuple(hp.betas))
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        steps_per_epoch = total / max(1, self.trainer.max_epochs or 1)
+        warmup = min(int(hp.warmup_epochs * steps_per_epoch), total - 1)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, total, hp.min_lr_ratio))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):
+    """LR multiplier per step: linear from ~0 to 1 over warmup_steps, then cosine down to min_ratio at total_steps."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        t = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
+    return factor
