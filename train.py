@@ -41,8 +41,8 @@ class ViTCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
-        except (ValueError, DataError) as e:  # our constructors name the field and value: one line, no traceback
-            sys.exit(f"error: {e}")
+        except ValueError as e:  # our constructors name the field and value: one line, no traceback
+            sys.exit(f"error: {root_cause(e)}")
 
     def before_fit(self) -> None:
         logger = self.trainer.logger
@@ -55,6 +55,14 @@ class ViTCLI(LightningCLI):
         if self.trainer.is_global_zero and cb.best_model_path:
             print(f"\nbest val/acc {float(cb.best_model_score):.4f} after {time.perf_counter() - self._start:.0f} s"
                   f"\ncheckpoint: {cb.best_model_path}\nlast:       {cb.last_model_path}")
+
+
+def root_cause(e: BaseException) -> BaseException:
+    """The innermost ValueError of a chain: jsonargparse wraps ours in a multi-line Union report."""
+    inner = e
+    while (nxt := inner.__cause__ or inner.__context__) is not None and isinstance(nxt, ValueError):
+        inner = nxt
+    return inner
 
 
 def main(args=None) -> ViTCLI:

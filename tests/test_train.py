@@ -75,3 +75,28 @@ def test_a_tiny_vit_learns_digits(in_tmp):
     trainer.fit(model, datamodule=DigitsDataModule(batch_size=32, crop_padding=0))
     acc = trainer.callback_metrics["val/acc"].item()
     assert acc >= 0.90, acc
+
+
+def test_a_missing_data_folder_is_one_line(in_tmp):
+    folder = str(Path(__file__).parent.parent / "configs" / "folder.yaml")
+    with pytest.raises(SystemExit) as e:
+        train.main(["fit", "--config", folder, "--data.root", str(in_tmp / "nope")])
+    assert str(e.value.code) == f"error: data.root='{in_tmp / 'nope'}' is not a folder"
+
+
+def test_fit_trains_on_a_folder_of_mixed_images(in_tmp):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c, mode in (("a", "L"), ("b", "RGBA"), ("c", "P")):
+        (in_tmp / "imgs" / c).mkdir(parents=True)
+        for i in range(6):
+            img = Image.fromarray(rng.integers(0, 255, (20 + i, 30, 3), dtype=np.uint8)).convert(mode)
+            img.save(in_tmp / "imgs" / c / f"{i}.png")
+    folder = str(Path(__file__).parent.parent / "configs" / "folder.yaml")
+    cli = train.main(["fit", "--config", folder, "--data.root", str(in_tmp / "imgs"), "--trainer.max_epochs", "1",
+                      "--data.init_args.num_workers", "0", "--data.init_args.batch_size", "4",
+                      "--model.depth", "1", "--trainer.enable_progress_bar", "false"])
+    assert cli.model.hparams.class_names == ["a", "b", "c"]
+    assert (in_tmp / "checkpoints" / "folder" / "version_0" / "last.ckpt").is_file()

@@ -5,6 +5,7 @@ preprocess an image the way training did: `num_classes`, `class_names`, `img_siz
 `train.py` links these into the LightningModule, which stores them in every checkpoint as plain types.
 """
 
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -54,7 +55,8 @@ def load_image(path: str | Path) -> Image.Image:
 
 
 def train_transform(img_size: int, mean, std, crop_padding: int = 4, hflip: bool = True,
-                    auto_augment: AutoAugment = "none", random_resized_crop: bool = False) -> v2.Compose:
+                    auto_augment: AutoAugment = "none", random_resized_crop: bool = False,
+                    autoaugment_policy: v2.AutoAugmentPolicy = v2.AutoAugmentPolicy.IMAGENET) -> v2.Compose:
     """Training augmentation for a PIL image or a uint8 (C, H, W) tensor -> normalised float tensor."""
     if random_resized_crop:
         ops = [v2.RandomResizedCrop(img_size, scale=(0.35, 1.0), antialias=True)]
@@ -62,7 +64,8 @@ def train_transform(img_size: int, mean, std, crop_padding: int = 4, hflip: bool
         ops = [v2.RandomCrop(img_size, padding=crop_padding)] if crop_padding else []
     if hflip:
         ops.append(v2.RandomHorizontalFlip())
-    policies = {"randaugment": v2.RandAugment, "trivialaugment": v2.TrivialAugmentWide, "autoaugment": v2.AutoAugment}
+    policies = {"randaugment": v2.RandAugment, "trivialaugment": v2.TrivialAugmentWide,
+                "autoaugment": partial(v2.AutoAugment, autoaugment_policy)}
     if auto_augment != "none":
         if auto_augment not in policies:
             raise ValueError(f"auto_augment={auto_augment!r} is not one of {['none', *policies]}")
@@ -171,7 +174,8 @@ class CIFARDataModule(ImageClassificationData):
         self.class_names = list(CIFAR10_CLASSES if dataset == "cifar10" else CIFAR100_CLASSES)
         self.num_classes, self.img_size, self.in_chans = len(self.class_names), 32, 3
         self.mean, self.std = (CIFAR10_MEAN, CIFAR10_STD) if dataset == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
-        self.train_tf = train_transform(32, self.mean, self.std, crop_padding, hflip, auto_augment)
+        self.train_tf = train_transform(32, self.mean, self.std, crop_padding, hflip, auto_augment,
+                                        autoaugment_policy=v2.AutoAugmentPolicy.CIFAR10)
         self.eval_tf = eval_transform(32, self.mean, self.std)
 
     def _open(self, train: bool, transform) -> datasets.CIFAR10:
