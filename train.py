@@ -15,6 +15,7 @@ from pathlib import Path
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
+from vit.callbacks import AttentionMapCallback
 from vit.data import DataError, ImageClassificationData
 from vit.module import ViTClassifier
 
@@ -35,6 +36,7 @@ class ViTCLI(LightningCLI):
         })
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
+        parser.add_lightning_class_args(AttentionMapCallback, "attention_maps")  # on in every config
         for field in LINKED:
             parser.link_arguments(f"data.{field}", f"model.{field}", apply_on="instantiate")
 

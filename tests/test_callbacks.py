@@ -1,0 +1,123 @@
+"""The attention-map callback, checked in real TensorBoard event files and through a real TensorBoard server."""
+
+import io
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import lightning as L
+import pytest
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import train
+from vit.callbacks import AttentionMapCallback
+from vit.data import DigitsDataModule
+from vit.module import ViTClassifier
+
+SMOKE = str(Path(__file__).parent.parent / "configs" / "smoke.yaml")
+DEPTH, HEADS, SIZE, IMAGES = 2, 2, 96, 8  # the smoke config's model and the callback's defaults
+IMAGE_TAGS = ["attention/rollout", "attention/query_patch", "attention/mean_distance"] + \
+    [f"attention/layer_{i}" for i in range(DEPTH)]
+
+
+@pytest.fixture(scope="module")
+def smoke_logs(tmp_path_factory):
+    """One smoke fit (2 epochs) with the callback on, as every config has it."""
+    root = tmp_path_factory.mktemp("run")
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        train.main(["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false"])
+    finally:
+        os.chdir(cwd)
+    return root / "logs" / "smoke" / "version_0"
+
+
+def test_event_files_hold_attention_images_and_scalars_for_each_epoch(smoke_logs):
+    ea = EventAccumulator(str(smoke_logs), size_guidance={"images": 0, "scalars": 0})
+    ea.Reload()
+    assert set(IMAGE_TAGS) <= set(ea.Tags()["images"])
+    assert len(ea.Scalars("val/acc")) == 2
+    steps = {4, 8}  # the global step at the end of each of the two epochs of 4 batches; the sanity check logs nothing
+    for tag in IMAGE_TAGS:
+        events = ea.Images(tag)
+        assert {e.step for e in events} == steps, tag
+        for e in events:
+            img = Image.open(io.BytesIO(e.encoded_image_string))
+            img.load()
+            assert (img.width, img.height) == (e.width, e.height) and img.width > 50 and img.height > 50
+    rollout = ea.Images("attention/rollout")[0]
+    assert (rollout.width, rollout.height) == (IMAGES * SIZE + (IMAGES + 1) * 2, 2 * SIZE + 3 * 2)
+    layer = ea.Images("attention/layer_0")[0]
+    assert (layer.width, layer.height) == (HEADS * SIZE + (HEADS + 1) * 2, IMAGES * SIZE + (IMAGES + 1) * 2)
+    for i in range(DEPTH):
+        values = [e.value for e in ea.Scalars(f"attention/entropy/layer_{i}")]
+        assert len(values) == 2 and all(0 <= v <= 2.78 for v in values)  # between one-hot and log(16) uniform
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_real_tensorboard_server_serves_the_attention_images(smoke_logs):
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(smoke_logs.parent),
+                               "--host", "127.0.0.1", "--port", str(port), "--load_fast", "false"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}/data/plugin/images"
+    try:
+        tags, deadline = {}, time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{base}/tags", timeout=5) as r:
+                    tags = json.load(r)
+                if any(t.get("attention/rollout") for t in tags.values()):
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        run = next(run for run, t in tags.items() if "attention/rollout" in t)
+        assert set(IMAGE_TAGS) <= set(tags[run])
+        q = urllib.parse.urlencode({"run": run, "tag": "attention/rollout", "sample": 0})
+        with urllib.request.urlopen(f"{base}/images?{q}", timeout=10) as r:
+            entries = json.load(r)
+        assert len(entries) == 2
+        with urllib.request.urlopen(f"{base}/individualImage?{entries[-1]['query']}", timeout=10) as r:
+            body = r.read()
+        assert body[:8] == b"\x89PNG\r\n\x1a\n"
+        assert Image.open(io.BytesIO(body)).size == (IMAGES * SIZE + (IMAGES + 1) * 2, 2 * SIZE + 3 * 2)
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+
+
+def test_without_tensorboard_it_does_nothing_and_says_so_once(in_tmp, caplog):
+    cb = AttentionMapCallback(num_images=2)
+    trainer = L.Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, callbacks=[cb])
+    with caplog.at_level("WARNING", logger="vit.callbacks"):
+        trainer.fit(ViTClassifier(embed_dim=16, depth=1, num_heads=2, patch_size=8),
+                    datamodule=DigitsDataModule(batch_size=16))
+    assert sum("no TensorBoardLogger" in r.message for r in caplog.records) == 1
+    assert cb._images is None  # never even picked images
+
+
+def test_it_touches_no_training_step_hook():
+    hooks = [h for h in ("on_train_batch_start", "on_train_batch_end", "on_before_backward", "on_after_backward",
+                         "on_before_optimizer_step") if getattr(AttentionMapCallback, h) is not getattr(L.Callback, h)]
+    assert hooks == []
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="every_n_epochs=0"):
+        AttentionMapCallback(every_n_epochs=0)

@@ -1,0 +1,235 @@
+"""Where does the model look? Pure functions over attention weights, no Lightning.
+
+    attns, logits = capture_attention(model, images)         # L x (B, H, N, N)
+    relevance = image_relevance(attention_rollout(attns), model.num_prefix_tokens, model.grid_size)  # (B, gh, gw)
+    picture = overlay(denormalize(images, mean, std)[0], relevance[0])                              # (3, H, W)
+
+Also a command that writes PNG overlays for image files with a checkpoint:
+
+    python -m vit.attention_maps --ckpt checkpoints/digits/version_0/last.ckpt --out maps/ img1.png img2.png
+"""
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import matplotlib
+import torch
+import torch.nn.functional as F
+from torchvision.utils import make_grid, save_image
+
+from vit.model import Attention, VisionTransformer
+
+
+@torch.no_grad()
+def capture_attention(model: VisionTransformer, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Attention weights of every block for a batch, and the logits: L tensors of (B, H, N, N), N including prefix.
+
+    Fused SDPA never materialises the weights, so each Attention instance is switched to its manual path for this one
+    forward, and a hook on `attn_drop` reads its input (the softmax, before dropout). Every instance's `fused_attn`,
+    the hooks and the model's train/eval flags are restored afterwards, whatever happens.
+    """
+    attns = [m for m in model.modules() if isinstance(m, Attention)]
+    fused = [m.fused_attn for m in attns]
+    captured: list[torch.Tensor] = []
+    hooks = [m.attn_drop.register_forward_hook(lambda mod, inp, out: captured.append(inp[0].detach().float()))
+             for m in attns]
+    try:
+        for m in attns:
+            m.fused_attn = False
+        logits = model(x)
+    finally:
+        for m, f in zip(attns, fused):
+            m.fused_attn = f
+        for h in hooks:
+            h.remove()
+    return captured, logits
+
+
+def attention_rollout(attentions: list[torch.Tensor]) -> torch.Tensor:
+    """Attention rollout (Abnar & Zuidema 2020): heads averaged, identity added for the residual path, rows
+    renormalised, multiplied through the layers. L x (B, H, N, N) -> (B, N, N); row q is how much each input token
+    flows into output token q."""
+    rollout = None
+    for a in attentions:
+        a = a.float().mean(dim=1)  # (B, N, N)
+        a = a + torch.eye(a.shape[-1], device=a.device)
+        a = a / a.sum(dim=-1, keepdim=True)  # keepdim: divide each row by its own sum, not by column sums
+        rollout = a if rollout is None else a @ rollout
+    return rollout
+
+
+def image_relevance(rollout: torch.Tensor, num_prefix_tokens: int, grid: tuple[int, int]) -> torch.Tensor:
+    """Image-level relevance per patch, (B, N, N) -> (B, gh, gw), summing to 1 over the patches.
+
+    With a class token the classifier reads token 0 only, so its rollout row is the relevance. Our default model has
+    no class token: it classifies the *average* of all patch outputs, so every output patch feeds the decision
+    equally, and the relevance is the rollout averaged over all query patches. Token 0 of such a model is a real
+    patch and must not be dropped.
+    """
+    p = num_prefix_tokens
+    rel = rollout[:, 0, p:] if p else rollout.mean(dim=1)
+    rel = rel / rel.sum(dim=-1, keepdim=True)
+    return rel.reshape(-1, *grid)
+
+
+def query_patch_map(attn: torch.Tensor, query: int, num_prefix_tokens: int, grid: tuple[int, int]) -> torch.Tensor:
+    """Where one query patch looks, per head: (B, H, N, N) -> (B, H, gh, gw). `query` indexes patches (row-major)."""
+    p = num_prefix_tokens
+    return attn[:, :, p + query, p:].reshape(*attn.shape[:2], *grid)
+
+
+def attention_received(attn: torch.Tensor, num_prefix_tokens: int, grid: tuple[int, int]) -> torch.Tensor:
+    """How much attention each patch receives, averaged over the queries, per head: (B, H, N, N) -> (B, H, gh, gw)."""
+    p = num_prefix_tokens
+    return attn[:, :, :, p:].mean(dim=2).reshape(*attn.shape[:2], *grid)
+
+
+def patch_distances(grid: tuple[int, int], patch_size: int) -> torch.Tensor:
+    """Euclidean distance in pixels between the centres of every pair of patches: (N, N)."""
+    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+    pos = torch.stack([rows.flatten(), cols.flatten()], dim=-1).float() * patch_size  # (N, 2)
+    return torch.cdist(pos, pos)
+
+
+def mean_attention_distance(attn: torch.Tensor, grid: tuple[int, int], patch_size: int,
+                            num_prefix_tokens: int = 0) -> torch.Tensor:
+    """Mean attention distance per head in pixels (the ViT paper's "attention distance"): sum_k A[q, k] * |q - k|,
+    averaged over query patches and images. (B, H, N, N) -> (H,). Patch-to-patch weights only; with a class token
+    each row is renormalised over the patches."""
+    p = num_prefix_tokens
+    a = attn[:, :, p:, p:].float()
+    a = a / a.sum(dim=-1, keepdim=True)
+    d = patch_distances(grid, patch_size).to(a.device)
+    return (a * d).sum(dim=-1).mean(dim=(0, 2))
+
+
+def attention_entropy(attn: torch.Tensor) -> torch.Tensor:
+    """Mean entropy (nats) of the attention rows of one layer, over images, heads and queries. log(N) is uniform."""
+    a = attn.float()
+    return -(a * torch.log(a.clamp_min(1e-12))).sum(dim=-1).mean()
+
+
+def denormalize(x: torch.Tensor, mean, std) -> torch.Tensor:
+    """Undo Normalize: (B, C, H, W) or (C, H, W) -> RGB in [0, 1] (grayscale repeated to 3 channels)."""
+    mean = torch.as_tensor(mean, dtype=x.dtype, device=x.device)[:, None, None]
+    std = torch.as_tensor(std, dtype=x.dtype, device=x.device)[:, None, None]
+    img = (x * std + mean).clamp(0, 1)
+    if img.shape[-3] == 1:
+        img = img.expand(*img.shape[:-3], 3, *img.shape[-2:])
+    return img
+
+
+def overlay(image: torch.Tensor, heat: torch.Tensor, cmap: str = "inferno", alpha: float = 0.5) -> torch.Tensor:
+    """Blend a heat map over an image: image (3, H, W) in [0, 1], heat (h, w) any range -> (3, H, W) in [0, 1].
+
+    The heat map is min-max scaled, upsampled to the image size (bilinear) and coloured with a matplotlib colormap.
+    """
+    heat = heat.float().cpu()
+    heat = (heat - heat.min()) / (heat.max() - heat.min()).clamp_min(1e-12)
+    heat = F.interpolate(heat[None, None], size=image.shape[-2:], mode="bilinear", align_corners=False)[0, 0]
+    colors = matplotlib.colormaps[cmap](heat.numpy())[..., :3]  # (H, W, 3)
+    colored = torch.from_numpy(colors).permute(2, 0, 1).float()
+    return ((1 - alpha) * image.float().cpu() + alpha * colored).clamp(0, 1)
+
+
+def _resize(images: torch.Tensor, size: int) -> torch.Tensor:
+    return images if images.shape[-1] == size else F.interpolate(images, size=(size, size), mode="nearest")
+
+
+def attention_panels(model: VisionTransformer, x: torch.Tensor, mean, std, display_size: int = 96,
+                     query: int | None = None, cmap: str = "inferno") -> dict:
+    """Everything the callback and the CLI draw, for a batch of normalised images x (B, C, H, W).
+
+    Returns a dict: 'rollout' (3, ., .) grid of the images over their rollout overlays; 'layers' a list of grids,
+    one per block, a row per image and a tile per head (attention each patch receives); 'query_patch' a grid, a row per
+    image and a tile per head, of where the query patch (default: the centre) looks in the last block; 'overlays'
+    (B, 3, S, S) the rollout overlays alone; 'mean_distance' (L, H) pixels; 'entropy' (L,) nats; 'attentions'.
+    """
+    attns, logits = capture_attention(model, x)
+    patch, p = model.patch_embed.patch_size, model.num_prefix_tokens
+    grid = (x.shape[-2] // patch, x.shape[-1] // patch)
+    images = _resize(denormalize(x.float(), mean, std).cpu(), display_size)
+    rel = image_relevance(attention_rollout(attns), p, grid)
+    overlays = torch.stack([overlay(img, r, cmap) for img, r in zip(images, rel)])
+    heads = attns[0].shape[1]
+    layers = []
+    for a in attns:
+        maps = attention_received(a, p, grid)  # (B, H, gh, gw)
+        tiles = [overlay(img, m, cmap) for img, per_head in zip(images, maps) for m in per_head]
+        layers.append(make_grid(tiles, nrow=heads, padding=2, pad_value=1.0))
+    query = (grid[0] // 2) * grid[1] + grid[1] // 2 if query is None else query
+    qmaps = query_patch_map(attns[-1], query, p, grid)
+    qtiles = [overlay(img, m, cmap) for img, per_head in zip(images, qmaps) for m in per_head]
+    return {
+        "rollout": make_grid(torch.cat([images, overlays]), nrow=len(images), padding=2, pad_value=1.0),
+        "layers": layers,
+        "query_patch": make_grid(qtiles, nrow=heads, padding=2, pad_value=1.0),
+        "overlays": overlays,
+        "relevance": rel,
+        "mean_distance": torch.stack([mean_attention_distance(a, grid, patch, p) for a in attns]).cpu(),
+        "entropy": torch.stack([attention_entropy(a) for a in attns]).cpu(),
+        "attentions": attns,
+        "logits": logits,
+    }
+
+
+def mean_distance_figure(distances: torch.Tensor, img_size: int | None = None):
+    """The ViT paper's plot: mean attention distance (pixels) of every head against block depth. (L, H) -> Figure."""
+    import matplotlib.pyplot as plt
+
+    L_, H = distances.shape
+    fig, ax = plt.subplots(figsize=(4.5, 3.2), dpi=100)
+    for h in range(H):
+        ax.scatter(torch.arange(L_) + 1, distances[:, h], s=18, label=f"head {h}")
+    ax.set_xlabel("block")
+    ax.set_ylabel("mean attention distance (px)")
+    if img_size:
+        ax.set_ylim(0, img_size)
+    ax.set_xticks(range(1, L_ + 1))
+    if H <= 8:
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write `<stem>_attention.png` per image: the image above its rollout overlay, and the per-head maps."""
+    from vit.checkpoint import CheckpointError, load_model
+    from vit.data import eval_transform, load_image
+
+    ap = argparse.ArgumentParser(prog="python -m vit.attention_maps", description=main.__doc__)
+    ap.add_argument("--ckpt", required=True, help="a checkpoint written by train.py")
+    ap.add_argument("--out", required=True, help="folder for the PNGs (created)")
+    ap.add_argument("--size", type=int, default=128, help="display size of each tile in pixels")
+    ap.add_argument("images", nargs="+", help="image files")
+    args = ap.parse_args(argv)
+    try:
+        model, hp = load_model(args.ckpt)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tf = eval_transform(hp["img_size"], hp["mean"], hp["std"])
+    failed = 0
+    for path in args.images:
+        try:
+            x = tf(load_image(path))[None]
+        except Exception as e:  # one unreadable image must not stop the others
+            print(f"{path}: skipped: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        panels = attention_panels(model, x, hp["mean"], hp["std"], display_size=args.size)
+        names = hp.get("class_names") or [str(i) for i in range(model.num_classes)]
+        prob, idx = panels["logits"].softmax(-1)[0].max(-1)
+        target = out / f"{Path(path).stem}_attention.png"
+        save_image(panels["rollout"], target)
+        save_image(panels["layers"][-1], out / f"{Path(path).stem}_heads_last_block.png")
+        print(f"{target}  predicted {names[idx]} ({prob:.2f})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Lightning callbacks: attention maps in TensorBoard."""
+
+import logging
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from vit.attention_maps import attention_panels, mean_distance_figure
+
+log = logging.getLogger(__name__)
+
+
+class AttentionMapCallback(L.Callback):
+    """Every `every_n_epochs` validation epochs, log where the model looks for a fixed set of validation images.
+
+    The same `num_images` images every time (spread evenly over the validation set, chosen once), so change over
+    training is visible. TensorBoard tags: `attention/rollout` (images over their rollout overlays),
+    `attention/layer_{i}` (a row per image, a tile per head: attention each patch receives in block i),
+    `attention/query_patch` (where the centre patch looks, per head, in the last block), `attention/mean_distance`
+    (figure: mean attention distance per head against depth) and scalars `attention/entropy/layer_{i}`.
+    Runs only at the end of logged validation epochs (no cost on training steps), on rank zero, without gradients;
+    with no TensorBoard logger it does nothing and says so once.
+    """
+
+    def __init__(self, every_n_epochs: int = 1, num_images: int = 8, display_size: int = 96, cmap: str = "inferno"):
+        super().__init__()
+        if every_n_epochs < 1:
+            raise ValueError(f"every_n_epochs={every_n_epochs} must be >= 1")
+        if num_images < 1:
+            raise ValueError(f"num_images={num_images} must be >= 1")
+        self.every_n_epochs, self.num_images = every_n_epochs, num_images
+        self.display_size, self.cmap = display_size, cmap
+        self._images: torch.Tensor | None = None
+        self._warned = False
+
+    def _tensorboard(self, trainer: L.Trainer) -> TensorBoardLogger | None:
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                return logger
+        if not self._warned:
+            log.warning("AttentionMapCallback: no TensorBoardLogger among the loggers, so no attention maps are logged")
+            self._warned = True
+        return None
+
+    def _fixed_images(self, trainer: L.Trainer) -> torch.Tensor:
+        if self._images is None:
+            loaders = trainer.val_dataloaders
+            dataset = (loaders[0] if isinstance(loaders, (list, tuple)) else loaders).dataset
+            n = min(self.num_images, len(dataset))
+            idx = torch.linspace(0, len(dataset) - 1, n).round().long().tolist()
+            self._images = torch.stack([dataset[i][0] for i in idx])  # evaluation transform: deterministic
+        return self._images
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        if (trainer.current_epoch + 1) % self.every_n_epochs:
+            return
+        tb = self._tensorboard(trainer)
+        if tb is None:
+            return
+        x = self._fixed_images(trainer).to(pl_module.device)
+        hp = pl_module.hparams
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            panels = attention_panels(pl_module.model, x, hp.mean, hp.std, self.display_size, cmap=self.cmap)
+        finally:
+            pl_module.train(was_training)
+        writer, step = tb.experiment, trainer.global_step
+        writer.add_image("attention/rollout", panels["rollout"], step)
+        for i, grid in enumerate(panels["layers"]):
+            writer.add_image(f"attention/layer_{i}", grid, step)
+        writer.add_image("attention/query_patch", panels["query_patch"], step)
+        writer.add_figure("attention/mean_distance", mean_distance_figure(panels["mean_distance"], hp.img_size), step)
+        for i, h in enumerate(panels["entropy"].tolist()):
+            writer.add_scalar(f"attention/entropy/layer_{i}", h, step)
