@@ -1,0 +1,188 @@
+"""The predict CLI on a real training checkpoint: formats, image modes, every kind of bad input, unsafe checkpoints."""
+
+import csv
+import io
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import train
+from vit.checkpoint import load_model
+from vit.data import DigitsDataModule
+from vit.predict import expand_inputs, main
+
+SMOKE = str(Path(__file__).parent.parent / "configs" / "smoke.yaml")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("run")
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        train.main(["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false",
+                    "--attention_maps.every_n_epochs", "100"])
+    finally:
+        os.chdir(cwd)
+    return root / "checkpoints" / "smoke" / "version_0" / "last.ckpt"
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+@pytest.fixture
+def images(tmp_path) -> Path:
+    """A folder of good images in many modes and sizes, and one of each kind of bad file."""
+    rng = np.random.default_rng(0)
+    good = tmp_path / "imgs" / "good"
+    (good / "nested").mkdir(parents=True)
+    rgb = Image.fromarray(rng.integers(0, 255, (40, 60, 3), dtype=np.uint8))
+    rgb.save(good / "rgb.jpg")
+    rgb.convert("L").save(good / "gray.png")
+    rgb.convert("RGBA").save(good / "rgba.png")
+    rgb.convert("P").save(good / "palette.png")
+    rgb.convert("CMYK").save(good / "cmyk.jpg")
+    Image.fromarray((rng.integers(0, 65535, (20, 25))).astype(np.uint16)).save(good / "nested" / "deep16.png")
+    bad = tmp_path / "imgs" / "bad"
+    bad.mkdir()
+    (bad / "text.png").write_text("this is not an image")
+    (bad / "zero.jpg").write_bytes(b"")
+    full = io.BytesIO()
+    rgb.save(full, format="PNG")
+    (bad / "truncated.png").write_bytes(full.getvalue()[: len(full.getvalue()) // 2])
+    ihdr = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 0, 0, 0, 0)  # declares 10^10 pixels
+    (bad / "bomb.png").write_bytes(b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr)
+                                   + _png_chunk(b"IDAT", zlib.compress(b"\0" * 16)) + _png_chunk(b"IEND", b""))
+    (bad / "dangling.png").symlink_to(tmp_path / "gone.png")
+    return tmp_path / "imgs"
+
+
+def _run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_for_a_folder_with_good_and_bad_images(ckpt, images, capsys):
+    code, out, err = _run(capsys, "--ckpt", ckpt, "--format", "json", "--topk", "3", images)
+    records = {Path(r["path"]).name: r for r in json.loads(out)}  # stdout is exactly one JSON document
+    assert code == 1  # some failed
+    good = ["rgb.jpg", "gray.png", "rgba.png", "palette.png", "cmyk.jpg", "deep16.png"]
+    for name in good:
+        r = records[name]
+        assert r["error"] is None and len(r["predictions"]) == 3, name
+        assert r["predictions"][0]["label"] in [str(i) for i in range(10)]
+        probs = [p["prob"] for p in r["predictions"]]
+        assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0 + 1e-5
+    reasons = {"text.png": "not an image", "zero.jpg": "not an image", "truncated.png": "truncated",
+               "bomb.png": "decompression bomb", "dangling.png": "no such file"}
+    for name, reason in reasons.items():
+        assert reason in records[name]["error"] and records[name]["predictions"] == [], name
+        assert f"{name}: error: " in err and str(images) in err
+    assert len(records) == len(good) + len(reasons)
+
+
+def test_table_and_csv(ckpt, images, tmp_path, capsys):
+    code, out, _ = _run(capsys, "--ckpt", ckpt, "--topk", "2", images / "good")
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split() == ["path", "predictions"] and len(lines) == 7
+    assert len({line.index(line.split()[1]) for line in lines[1:]}) == 1  # aligned column
+    target = tmp_path / "out.csv"
+    code, out, _ = _run(capsys, "--ckpt", ckpt, "--format", "csv", "--topk", "2", "--output", target, images)
+    assert out == "" and code == 1
+    rows = list(csv.DictReader(target.open()))
+    assert list(rows[0]) == ["path", "label1", "prob1", "label2", "prob2", "error"]
+    assert sum(1 for r in rows if r["error"]) == 5 and sum(1 for r in rows if r["label1"]) == 6
+
+
+def test_preprocessing_comes_from_the_checkpoint(ckpt, tmp_path, capsys):
+    """A validation digit saved as a PNG is classified exactly as training's validation tensor is."""
+    dm = DigitsDataModule()
+    model, _ = load_model(ckpt)
+    files = []
+    for i in range(4):
+        Image.fromarray(dm.val_set.images[i].permute(1, 2, 0).numpy()).save(tmp_path / f"{i}.png")
+        files.append(tmp_path / f"{i}.png")
+    code, out, _ = _run(capsys, "--ckpt", ckpt, "--format", "json", "--topk", "10", *files)
+    with torch.no_grad():
+        expect = model(torch.stack([dm.val_set[i][0] for i in range(4)])).softmax(-1)
+    for i, rec in enumerate(json.loads(out)):
+        got = {p["label"]: p["prob"] for p in rec["predictions"]}
+        np.testing.assert_allclose([got[str(c)] for c in range(10)], expect[i].numpy(), atol=1e-5)
+
+
+def test_globs_and_folders_expand_recursively(images):
+    found = expand_inputs([str(images / "good"), str(images / "**" / "*.jpg")])
+    names = [Path(p).name for p in found]
+    assert "deep16.png" in names and "zero.jpg" in names and len(names) == len(set(names))
+
+
+def test_attention_out_writes_an_overlay_per_image(ckpt, images, tmp_path, capsys):
+    code, _, _ = _run(capsys, "--ckpt", ckpt, "--attention-out", tmp_path / "att", images / "good")
+    pngs = sorted((tmp_path / "att").glob("*.png"))
+    assert code == 0 and len(pngs) == 6
+    assert Image.open(pngs[0]).size == (2 * 32, 32)
+
+
+@pytest.mark.parametrize("case", ["missing", "truncated", "text", "not_a_checkpoint", "other_architecture"])
+def test_a_bad_checkpoint_is_one_line_and_exit_2(case, ckpt, images, tmp_path, capsys):
+    bad = tmp_path / "bad.ckpt"
+    if case == "truncated":
+        bad.write_bytes(ckpt.read_bytes()[:5000])
+    elif case == "text":
+        bad.write_text("hello")
+    elif case == "not_a_checkpoint":
+        torch.save({"weights": torch.zeros(3)}, bad)
+    elif case == "other_architecture":
+        data = torch.load(ckpt, weights_only=True)
+        data["hyper_parameters"]["embed_dim"] = 48
+        torch.save(data, bad)
+    code, out, err = _run(capsys, "--ckpt", bad, images / "good")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ") and str(bad) in err
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):  # unpickling this would create the marker file
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_a_checkpoint_with_a_pickle_payload_is_refused_and_never_runs(ckpt, images, tmp_path, capsys):
+    marker = tmp_path / "PWNED"
+    evil = tmp_path / "evil.ckpt"
+    data = torch.load(ckpt, weights_only=True)
+    data["hyper_parameters"]["payload"] = _Payload(marker)
+    torch.save(data, evil)
+    assert not marker.exists()
+    code, out, err = _run(capsys, "--ckpt", evil, images / "good")
+    assert code == 2 and "refused to load" in err and err.count("\n") == 1
+    assert not marker.exists()
+
+
+def test_no_input_matched_is_exit_2(ckpt, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, _, err = _run(capsys, "--ckpt", ckpt, tmp_path / "empty", str(tmp_path / "*.nothing"))
+    assert code == 2 and "no image matched" in err
+
+
+def test_console_script_prints_only_results_on_stdout(ckpt, images):
+    exe = Path(sys.executable).parent / "vit-predict"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, str(Path(__file__).parent.parent / "predict.py")]
+    proc = subprocess.run([*cmd, "--ckpt", str(ckpt), "--format", "json", str(images)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1
+    assert len(json.loads(proc.stdout)) == 11
+    assert "bomb.png: error:" in proc.stderr
