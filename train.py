@@ -26,14 +26,16 @@ LINKED = ("num_classes", "img_size", "in_chans", "class_names", "mean", "std")
 class ViTCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults({
-            "checkpoint.monitor": "val/acc",
-            "checkpoint.mode": "max",
-            "checkpoint.save_last": True,
-            # No "val/acc" inside the name: the slash would make a sub-folder.
-            "checkpoint.filename": "best-epoch{epoch:03d}",
-            "checkpoint.auto_insert_metric_name": False,
-        })
+        parser.set_defaults(
+            {
+                "checkpoint.monitor": "val/acc",
+                "checkpoint.mode": "max",
+                "checkpoint.save_last": True,
+                # No "val/acc" inside the name: the slash would make a sub-folder.
+                "checkpoint.filename": "best-epoch{epoch:03d}",
+                "checkpoint.auto_insert_metric_name": False,
+            }
+        )
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
         parser.add_lightning_class_args(AttentionMapCallback, "attention_maps")  # on in every config
@@ -55,8 +57,10 @@ class ViTCLI(LightningCLI):
     def after_fit(self) -> None:
         cb = self.trainer.checkpoint_callback
         if self.trainer.is_global_zero and cb.best_model_path:
-            print(f"\nbest val/acc {float(cb.best_model_score):.4f} after {time.perf_counter() - self._start:.0f} s"
-                  f"\ncheckpoint: {cb.best_model_path}\nlast:       {cb.last_model_path}")
+            print(
+                f"\nbest val/acc {float(cb.best_model_score):.4f} after {time.perf_counter() - self._start:.0f} s"
+                f"\ncheckpoint: {cb.best_model_path}\nlast:       {cb.last_model_path}"
+            )
 
 
 def root_cause(e: BaseException) -> BaseException:
@@ -69,10 +73,19 @@ def root_cause(e: BaseException) -> BaseException:
 
 def main(args=None) -> ViTCLI:
     try:
-        return ViTCLI(ViTClassifier, ImageClassificationData, subclass_mode_data=True, args=args,
-                      save_config_kwargs={"overwrite": True},
-                      trainer_defaults={"logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                                                   "init_args": {"save_dir": "logs", "name": "vit"}}})
+        return ViTCLI(
+            ViTClassifier,
+            ImageClassificationData,
+            subclass_mode_data=True,
+            args=args,
+            save_config_kwargs={"overwrite": True},
+            trainer_defaults={
+                "logger": {
+                    "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                    "init_args": {"save_dir": "logs", "name": "vit"},
+                }
+            },
+        )
     except DataError as e:
         sys.exit(f"error: {e}")
 

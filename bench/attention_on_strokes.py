@@ -53,8 +53,10 @@ def main() -> None:
         m = a.mean(1)
         raw = m if raw is None else m @ raw
     rows["product of attentions (no +I)"] = raw.mean(1)
-    print(f"{len(x)} validation digits, accuracy {acc:.4f}; strokes (ink >= 0.5) cover "
-          f"{stroke.float().mean():.1%} of the patches")
+    print(
+        f"{len(x)} validation digits, accuracy {acc:.4f}; strokes (ink >= 0.5) cover "
+        f"{stroke.float().mean():.1%} of the patches"
+    )
     print(f"{'map':46s} {'mass on strokes':>16s} {'lift':>6s} {'control lift':>13s} {'max/min':>8s}")
     for name, maps in rows.items():
         mass, _, ratio = lift(maps, stroke)

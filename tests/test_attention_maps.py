@@ -52,8 +52,9 @@ def test_mean_distance_uniform_equals_mean_pairwise_distance():
     uniform = torch.full((1, 2, 12, 12), 1 / 12)
     pos = [(r, c) for r in range(3) for c in range(4)]
     expect = np.mean([math.dist(a, b) * patch for a in pos for b in pos])
-    torch.testing.assert_close(am.mean_attention_distance(uniform, grid, patch),
-                               torch.full((2,), expect, dtype=torch.float32))
+    torch.testing.assert_close(
+        am.mean_attention_distance(uniform, grid, patch), torch.full((2,), expect, dtype=torch.float32)
+    )
 
 
 def test_mean_distance_field_note_oracle_uniform_on_32px_with_4px_patches():
@@ -133,12 +134,24 @@ def test_panels_for_a_batch():
 def test_command_writes_overlays_for_image_files(tmp_path):
     model = VisionTransformer(**TINY)
     hp = dict(TINY, class_names=list("abcde"), mean=[0.5] * 3, std=[0.5] * 3)
-    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "hyper_parameters": hp},
-               tmp_path / "m.ckpt")
+    torch.save(
+        {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "hyper_parameters": hp},
+        tmp_path / "m.ckpt",
+    )
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (50, 70, 3), dtype=np.uint8)).save(tmp_path / "a.png")
     (tmp_path / "bad.png").write_bytes(b"not an image")
-    code = am.main(["--ckpt", str(tmp_path / "m.ckpt"), "--out", str(tmp_path / "maps"), "--size", "64",
-                    str(tmp_path / "a.png"), str(tmp_path / "bad.png")])
+    code = am.main(
+        [
+            "--ckpt",
+            str(tmp_path / "m.ckpt"),
+            "--out",
+            str(tmp_path / "maps"),
+            "--size",
+            "64",
+            str(tmp_path / "a.png"),
+            str(tmp_path / "bad.png"),
+        ]
+    )
     assert code == 1  # one image failed, the other was drawn
     png = Image.open(tmp_path / "maps" / "a_attention.png")
     assert png.size == (64 + 4, 2 * 64 + 6)

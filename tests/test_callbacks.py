@@ -22,8 +22,9 @@ from vit.module import ViTClassifier
 
 SMOKE = str(Path(__file__).parent.parent / "configs" / "smoke.yaml")
 DEPTH, HEADS, SIZE, IMAGES = 2, 2, 96, 8  # the smoke config's model and the callback's defaults
-IMAGE_TAGS = ["attention/rollout", "attention/query_patch", "attention/mean_distance"] + \
-    [f"attention/layer_{i}" for i in range(DEPTH)]
+IMAGE_TAGS = ["attention/rollout", "attention/query_patch", "attention/mean_distance"] + [
+    f"attention/layer_{i}" for i in range(DEPTH)
+]
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +72,23 @@ def _free_port() -> int:
 
 def test_a_real_tensorboard_server_serves_the_attention_images(smoke_logs):
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(smoke_logs.parent),
-                               "--host", "127.0.0.1", "--port", str(port), "--load_fast", "false"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(smoke_logs.parent),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast",
+            "false",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}/data/plugin/images"
     try:
         tags, deadline = {}, time.monotonic() + 60
@@ -103,18 +118,35 @@ def test_a_real_tensorboard_server_serves_the_attention_images(smoke_logs):
 
 def test_without_tensorboard_it_does_nothing_and_says_so_once(in_tmp, caplog):
     cb = AttentionMapCallback(num_images=2)
-    trainer = L.Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, callbacks=[cb])
+    trainer = L.Trainer(
+        max_epochs=2,
+        limit_train_batches=2,
+        limit_val_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[cb],
+    )
     with caplog.at_level("WARNING", logger="vit.callbacks"):
-        trainer.fit(ViTClassifier(embed_dim=16, depth=1, num_heads=2, patch_size=8),
-                    datamodule=DigitsDataModule(batch_size=16))
+        trainer.fit(
+            ViTClassifier(embed_dim=16, depth=1, num_heads=2, patch_size=8), datamodule=DigitsDataModule(batch_size=16)
+        )
     assert sum("no TensorBoardLogger" in r.message for r in caplog.records) == 1
     assert cb._images is None  # never even picked images
 
 
 def test_it_touches_no_training_step_hook():
-    hooks = [h for h in ("on_train_batch_start", "on_train_batch_end", "on_before_backward", "on_after_backward",
-                         "on_before_optimizer_step") if getattr(AttentionMapCallback, h) is not getattr(L.Callback, h)]
+    hooks = [
+        h
+        for h in (
+            "on_train_batch_start",
+            "on_train_batch_end",
+            "on_before_backward",
+            "on_after_backward",
+            "on_before_optimizer_step",
+        )
+        if getattr(AttentionMapCallback, h) is not getattr(L.Callback, h)
+    ]
     assert hooks == []
 
 

@@ -8,8 +8,7 @@ import torch
 from PIL import Image
 from torchvision import datasets
 
-from vit.data import (CIFAR10_CLASSES, CIFARDataModule, DataError, DigitsDataModule, ImageFolderDataModule,
-                      load_image)
+from vit.data import CIFAR10_CLASSES, CIFARDataModule, DataError, DigitsDataModule, ImageFolderDataModule, load_image
 
 
 def _md5(path) -> str:
@@ -29,11 +28,20 @@ def write_tiny_cifar10(root, n_per_batch=4, seed=0):
         y = rng.integers(0, 10, size=n_per_batch).tolist()
         data[name] = (x, y)
         with open(folder / name, "wb") as f:
-            pickle.dump({"batch_label": name, "labels": y, "data": x,
-                         "filenames": [f"{name}_{i}.png" for i in range(n_per_batch)]}, f, protocol=2)
+            pickle.dump(
+                {
+                    "batch_label": name,
+                    "labels": y,
+                    "data": x,
+                    "filenames": [f"{name}_{i}.png" for i in range(n_per_batch)],
+                },
+                f,
+                protocol=2,
+            )
     with open(folder / "batches.meta", "wb") as f:
-        pickle.dump({"label_names": CIFAR10_CLASSES, "num_cases_per_batch": n_per_batch, "num_vis": 3072}, f,
-                    protocol=2)
+        pickle.dump(
+            {"label_names": CIFAR10_CLASSES, "num_cases_per_batch": n_per_batch, "num_vis": 3072}, f, protocol=2
+        )
     with tarfile.open(root / "cifar-10-python.tar.gz", "w:gz") as tar:
         tar.add(folder, arcname="cifar-10-batches-py")
     md5 = {p.name: _md5(p) for p in folder.iterdir()}
@@ -103,7 +111,7 @@ def _write_images(folder, n, mode, size, seed):
         if mode == "P":
             img = img.convert("P")
         elif mode == "I;16":
-            img = Image.fromarray((arr[..., 0].astype(np.uint16) * 257))
+            img = Image.fromarray(arr[..., 0].astype(np.uint16) * 257)
         elif mode != "RGB":
             img = img.convert(mode)
         img.save(folder / f"{mode.replace(';', '_')}-{seed}-{i}.{'jpg' if mode in ('RGB', 'CMYK') else 'png'}")
@@ -155,7 +163,6 @@ def test_load_image_converts_every_mode_to_rgb(tmp_path, mode):
     path = next(tmp_path.iterdir())
     img = load_image(path)
     assert img.mode == "RGB" and img.size == (9, 7)
-
 
 
 def test_load_image_16_bit_uses_the_full_range(tmp_path):

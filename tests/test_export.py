@@ -32,11 +32,23 @@ def test_torchscript_matches_pytorch(tmp_path):
 
 def test_cli_writes_the_preprocessing_beside_the_model(tmp_path):
     model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3)
-    hp = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3, class_names=["a", "b", "c"],
-              mean=[0.1, 0.2, 0.3], std=[0.4, 0.5, 0.6])
-    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "hyper_parameters": hp},
-               tmp_path / "m.ckpt")
+    hp = dict(
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        num_classes=3,
+        class_names=["a", "b", "c"],
+        mean=[0.1, 0.2, 0.3],
+        std=[0.4, 0.5, 0.6],
+    )
+    torch.save(
+        {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "hyper_parameters": hp},
+        tmp_path / "m.ckpt",
+    )
     assert main(["--ckpt", str(tmp_path / "m.ckpt"), "--format", "torchscript", "--out", str(tmp_path / "m.pt")]) == 0
     meta = json.loads((tmp_path / "m.pt.json").read_text())
-    assert meta["mean"] == [0.1, 0.2, 0.3] and meta["class_names"] == ["a", "b", "c"] and meta["shape"][1:] == [3, 32, 32]
+    assert meta["mean"] == [0.1, 0.2, 0.3] and meta["class_names"] == ["a", "b", "c"]
+    assert meta["shape"][1:] == [3, 32, 32]
     assert main(["--ckpt", str(tmp_path / "nope.ckpt"), "--format", "onnx", "--out", str(tmp_path / "x.onnx")]) == 2

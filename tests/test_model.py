@@ -38,10 +38,20 @@ def test_every_parameter_gets_a_gradient(cfg):
 
 def test_timm_submodule_names():
     names = set(dict(VisionTransformer(**TINY).named_parameters()))
-    for n in ("patch_embed.proj.weight", "pos_embed", "blocks.0.norm1.weight", "blocks.0.attn.qkv.weight",
-              "blocks.0.attn.q_norm.weight", "blocks.0.attn.k_norm.weight", "blocks.0.attn.proj.weight",
-              "blocks.0.norm2.weight", "blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc2.weight", "norm.weight",
-              "head.weight"):
+    for n in (
+        "patch_embed.proj.weight",
+        "pos_embed",
+        "blocks.0.norm1.weight",
+        "blocks.0.attn.qkv.weight",
+        "blocks.0.attn.q_norm.weight",
+        "blocks.0.attn.k_norm.weight",
+        "blocks.0.attn.proj.weight",
+        "blocks.0.norm2.weight",
+        "blocks.0.mlp.fc1.weight",
+        "blocks.0.mlp.fc2.weight",
+        "norm.weight",
+        "head.weight",
+    ):
         assert n in names
 
 
@@ -107,16 +117,19 @@ def test_sincos_pos_embed_is_recomputed_for_a_new_size():
     assert "pos_embed" not in model.state_dict()  # fixed, recomputed: not a weight
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"img_size": 30}, "img_size=30 is not divisible by patch_size=8"),
-    ({"num_heads": 5}, "embed_dim=32 is not divisible by num_heads=5"),
-    ({"embed_dim": 18, "num_heads": 3, "pos_embed": "sincos2d"}, "embed_dim=18 must be divisible by 4"),
-    ({"global_pool": "max"}, "global_pool='max'"),
-    ({"pos_embed": "rope"}, "pos_embed='rope'"),
-    ({"norm_layer": "batchnorm"}, "norm_layer='batchnorm'"),
-    ({"drop_path_rate": 1.5}, "drop_path_rate=1.5"),
-    ({"depth": 0}, "depth=0"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"img_size": 30}, "img_size=30 is not divisible by patch_size=8"),
+        ({"num_heads": 5}, "embed_dim=32 is not divisible by num_heads=5"),
+        ({"embed_dim": 18, "num_heads": 3, "pos_embed": "sincos2d"}, "embed_dim=18 must be divisible by 4"),
+        ({"global_pool": "max"}, "global_pool='max'"),
+        ({"pos_embed": "rope"}, "pos_embed='rope'"),
+        ({"norm_layer": "batchnorm"}, "norm_layer='batchnorm'"),
+        ({"drop_path_rate": 1.5}, "drop_path_rate=1.5"),
+        ({"depth": 0}, "depth=0"),
+    ],
+)
 def test_invalid_config_names_field_and_value(bad, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
         VisionTransformer(**{**TINY, **bad})

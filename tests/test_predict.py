@@ -29,8 +29,17 @@ def ckpt(tmp_path_factory) -> Path:
     cwd = os.getcwd()
     os.chdir(root)
     try:
-        train.main(["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false",
-                    "--attention_maps.every_n_epochs", "100"])
+        train.main(
+            [
+                "fit",
+                "--config",
+                SMOKE,
+                "--trainer.enable_progress_bar",
+                "false",
+                "--attention_maps.every_n_epochs",
+                "100",
+            ]
+        )
     finally:
         os.chdir(cwd)
     return root / "checkpoints" / "smoke" / "version_0" / "last.ckpt"
@@ -61,8 +70,12 @@ def images(tmp_path) -> Path:
     rgb.save(full, format="PNG")
     (bad / "truncated.png").write_bytes(full.getvalue()[: len(full.getvalue()) // 2])
     ihdr = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 0, 0, 0, 0)  # declares 10^10 pixels
-    (bad / "bomb.png").write_bytes(b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr)
-                                   + _png_chunk(b"IDAT", zlib.compress(b"\0" * 16)) + _png_chunk(b"IEND", b""))
+    (bad / "bomb.png").write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", ihdr)
+        + _png_chunk(b"IDAT", zlib.compress(b"\0" * 16))
+        + _png_chunk(b"IEND", b"")
+    )
     (bad / "dangling.png").symlink_to(tmp_path / "gone.png")
     return tmp_path / "imgs"
 
@@ -84,8 +97,13 @@ def test_json_for_a_folder_with_good_and_bad_images(ckpt, images, capsys):
         assert r["predictions"][0]["label"] in [str(i) for i in range(10)]
         probs = [p["prob"] for p in r["predictions"]]
         assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0 + 1e-5
-    reasons = {"text.png": "not an image", "zero.jpg": "not an image", "truncated.png": "truncated",
-               "bomb.png": "decompression bomb", "dangling.png": "no such file"}
+    reasons = {
+        "text.png": "not an image",
+        "zero.jpg": "not an image",
+        "truncated.png": "truncated",
+        "bomb.png": "decompression bomb",
+        "dangling.png": "no such file",
+    }
     for name, reason in reasons.items():
         assert reason in records[name]["error"] and records[name]["predictions"] == [], name
         assert f"{name}: error: " in err and str(images) in err
@@ -181,8 +199,9 @@ def test_no_input_matched_is_exit_2(ckpt, tmp_path, capsys):
 def test_console_script_prints_only_results_on_stdout(ckpt, images):
     exe = Path(sys.executable).parent / "vit-predict"
     cmd = [str(exe)] if exe.exists() else [sys.executable, str(Path(__file__).parent.parent / "predict.py")]
-    proc = subprocess.run([*cmd, "--ckpt", str(ckpt), "--format", "json", str(images)], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [*cmd, "--ckpt", str(ckpt), "--format", "json", str(images)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 1
     assert len(json.loads(proc.stdout)) == 11
     assert "bomb.png: error:" in proc.stderr

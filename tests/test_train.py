@@ -68,10 +68,12 @@ def test_no_weight_decay_on_norms_biases_and_embeddings():
 def test_a_tiny_vit_learns_digits(in_tmp):
     """Correctness of the whole loop (data, model, loss, optimizer, schedule): not a speed test."""
     L.seed_everything(0)
-    model = ViTClassifier(patch_size=8, embed_dim=64, depth=2, num_heads=2, lr=2e-3, warmup_epochs=1,
-                          drop_path_rate=0.0)
-    trainer = L.Trainer(max_epochs=12, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+    model = ViTClassifier(
+        patch_size=8, embed_dim=64, depth=2, num_heads=2, lr=2e-3, warmup_epochs=1, drop_path_rate=0.0
+    )
+    trainer = L.Trainer(
+        max_epochs=12, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+    )
     trainer.fit(model, datamodule=DigitsDataModule(batch_size=32, crop_padding=0))
     acc = trainer.callback_metrics["val/acc"].item()
     assert acc >= 0.90, acc
@@ -95,8 +97,24 @@ def test_fit_trains_on_a_folder_of_mixed_images(in_tmp):
             img = Image.fromarray(rng.integers(0, 255, (20 + i, 30, 3), dtype=np.uint8)).convert(mode)
             img.save(in_tmp / "imgs" / c / f"{i}.png")
     folder = str(Path(__file__).parent.parent / "configs" / "folder.yaml")
-    cli = train.main(["fit", "--config", folder, "--data.root", str(in_tmp / "imgs"), "--trainer.max_epochs", "1",
-                      "--data.init_args.num_workers", "0", "--data.init_args.batch_size", "4",
-                      "--model.depth", "1", "--trainer.enable_progress_bar", "false"])
+    cli = train.main(
+        [
+            "fit",
+            "--config",
+            folder,
+            "--data.root",
+            str(in_tmp / "imgs"),
+            "--trainer.max_epochs",
+            "1",
+            "--data.init_args.num_workers",
+            "0",
+            "--data.init_args.batch_size",
+            "4",
+            "--model.depth",
+            "1",
+            "--trainer.enable_progress_bar",
+            "false",
+        ]
+    )
     assert cli.model.hparams.class_names == ["a", "b", "c"]
     assert (in_tmp / "checkpoints" / "folder" / "version_0" / "last.ckpt").is_file()

@@ -10,7 +10,6 @@ Also a command that writes PNG overlays for image files with a checkpoint:
 """
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -33,8 +32,9 @@ def capture_attention(model: VisionTransformer, x: torch.Tensor) -> tuple[list[t
     attns = [m for m in model.modules() if isinstance(m, Attention)]
     fused = [m.fused_attn for m in attns]
     captured: list[torch.Tensor] = []
-    hooks = [m.attn_drop.register_forward_hook(lambda mod, inp, out: captured.append(inp[0].detach().float()))
-             for m in attns]
+    hooks = [
+        m.attn_drop.register_forward_hook(lambda mod, inp, out: captured.append(inp[0].detach().float())) for m in attns
+    ]
     try:
         for m in attns:
             m.fused_attn = False
@@ -93,8 +93,9 @@ def patch_distances(grid: tuple[int, int], patch_size: int) -> torch.Tensor:
     return torch.cdist(pos, pos)
 
 
-def mean_attention_distance(attn: torch.Tensor, grid: tuple[int, int], patch_size: int,
-                            num_prefix_tokens: int = 0) -> torch.Tensor:
+def mean_attention_distance(
+    attn: torch.Tensor, grid: tuple[int, int], patch_size: int, num_prefix_tokens: int = 0
+) -> torch.Tensor:
     """Mean attention distance per head in pixels (the ViT paper's "attention distance"): sum_k A[q, k] * |q - k|,
     averaged over query patches and images. (B, H, N, N) -> (H,). Patch-to-patch weights only; with a class token
     each row is renormalised over the patches."""
@@ -138,8 +139,15 @@ def _resize(images: torch.Tensor, size: int) -> torch.Tensor:
     return images if images.shape[-1] == size else F.interpolate(images, size=(size, size), mode="nearest")
 
 
-def attention_panels(model: VisionTransformer, x: torch.Tensor, mean, std, display_size: int = 96,
-                     query: int | None = None, cmap: str = "inferno") -> dict:
+def attention_panels(
+    model: VisionTransformer,
+    x: torch.Tensor,
+    mean,
+    std,
+    display_size: int = 96,
+    query: int | None = None,
+    cmap: str = "inferno",
+) -> dict:
     """Everything the callback and the CLI draw, for a batch of normalised images x (B, C, H, W).
 
     Returns a dict: 'rollout' (3, ., .) grid of the images over their rollout overlays; 'layers' a list of grids,

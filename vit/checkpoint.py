@@ -33,8 +33,11 @@ def load_checkpoint(path: str | Path) -> dict:
     except Exception as e:  # a damaged file fails anywhere inside the unpickler: KeyError, EOFError, RuntimeError...
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or another format: {first})") from None
-    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict) \
-            or not isinstance(ckpt.get("hyper_parameters"), dict):
+    if (
+        not isinstance(ckpt, dict)
+        or not isinstance(ckpt.get("state_dict"), dict)
+        or not isinstance(ckpt.get("hyper_parameters"), dict)
+    ):
         raise CheckpointError(f"{path}: not a checkpoint of this toolkit (no state_dict and hyper_parameters)")
     return ckpt
 
@@ -53,6 +56,7 @@ def load_model(path: str | Path) -> tuple[VisionTransformer, dict]:
         model.load_state_dict(state)
     except RuntimeError as e:
         detail = " ".join(str(e).split())[:300]
-        raise CheckpointError(f"{path}: weights do not fit the architecture in its hyper-parameters ({detail})") \
-            from None
+        raise CheckpointError(
+            f"{path}: weights do not fit the architecture in its hyper-parameters ({detail})"
+        ) from None
     return model.eval(), hparams

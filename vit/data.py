@@ -54,9 +54,16 @@ def load_image(path: str | Path) -> Image.Image:
     return img.convert("RGB")
 
 
-def train_transform(img_size: int, mean, std, crop_padding: int = 4, hflip: bool = True,
-                    auto_augment: AutoAugment = "none", random_resized_crop: bool = False,
-                    autoaugment_policy: v2.AutoAugmentPolicy = v2.AutoAugmentPolicy.IMAGENET) -> v2.Compose:
+def train_transform(
+    img_size: int,
+    mean,
+    std,
+    crop_padding: int = 4,
+    hflip: bool = True,
+    auto_augment: AutoAugment = "none",
+    random_resized_crop: bool = False,
+    autoaugment_policy: v2.AutoAugmentPolicy = v2.AutoAugmentPolicy.IMAGENET,
+) -> v2.Compose:
     """Training augmentation for a PIL image or a uint8 (C, H, W) tensor -> normalised float tensor."""
     if random_resized_crop:
         ops = [v2.RandomResizedCrop(img_size, scale=(0.35, 1.0), antialias=True)]
@@ -64,8 +71,11 @@ def train_transform(img_size: int, mean, std, crop_padding: int = 4, hflip: bool
         ops = [v2.RandomCrop(img_size, padding=crop_padding)] if crop_padding else []
     if hflip:
         ops.append(v2.RandomHorizontalFlip())
-    policies = {"randaugment": v2.RandAugment, "trivialaugment": v2.TrivialAugmentWide,
-                "autoaugment": partial(v2.AutoAugment, autoaugment_policy)}
+    policies = {
+        "randaugment": v2.RandAugment,
+        "trivialaugment": v2.TrivialAugmentWide,
+        "autoaugment": partial(v2.AutoAugment, autoaugment_policy),
+    }
     if auto_augment != "none":
         if auto_augment not in policies:
             raise ValueError(f"auto_augment={auto_augment!r} is not one of {['none', *policies]}")
@@ -73,10 +83,14 @@ def train_transform(img_size: int, mean, std, crop_padding: int = 4, hflip: bool
     return v2.Compose([*ops, v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
 
 
+def eval_geometry(img_size: int) -> v2.Compose:
+    """Shorter side to img_size, centre crop: PIL image -> uint8 (C, img_size, img_size) tensor."""
+    return v2.Compose([v2.ToImage(), v2.Resize(img_size, antialias=True), v2.CenterCrop(img_size)])
+
+
 def eval_transform(img_size: int, mean, std) -> v2.Compose:
-    """Evaluation and predict preprocessing: shorter side to img_size, centre crop, normalise."""
-    return v2.Compose([v2.ToImage(), v2.Resize(img_size, antialias=True), v2.CenterCrop(img_size),
-                       v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+    """Evaluation and predict preprocessing: eval_geometry, then scale to [0, 1] and normalise."""
+    return v2.Compose([eval_geometry(img_size), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
 
 
 class TensorImageDataset(Dataset):
@@ -115,8 +129,14 @@ class ImageClassificationData(L.LightningDataModule):
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         # drop_last on train: Mixup needs even batches, and a ragged last batch would recompile a compiled model.
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=train and len(dataset) >
-                          self.batch_size, num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=train,
+            drop_last=train and len(dataset) > self.batch_size,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, train=True)
@@ -133,8 +153,15 @@ class DigitsDataModule(ImageClassificationData):
     img_size x img_size RGB. A fixed train/val split by `split_seed`; random-crop augmentation, no flip (a flipped
     digit is another glyph)."""
 
-    def __init__(self, img_size: int = 32, val_size: int = 360, split_seed: int = 0, batch_size: int = 64,
-                 num_workers: int = 0, crop_padding: int = 4):
+    def __init__(
+        self,
+        img_size: int = 32,
+        val_size: int = 360,
+        split_seed: int = 0,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        crop_padding: int = 4,
+    ):
         super().__init__(batch_size, num_workers)
         from sklearn.datasets import load_digits
 
@@ -153,20 +180,33 @@ class DigitsDataModule(ImageClassificationData):
         train_pixels = images[train_idx].float() / 255
         self.mean = tuple(round(v, 4) for v in train_pixels.mean(dim=(0, 2, 3)).tolist())
         self.std = tuple(round(v, 4) for v in train_pixels.std(dim=(0, 2, 3)).tolist())
-        self.train_set = TensorImageDataset(images[train_idx], targets[train_idx],
-                                            train_transform(img_size, self.mean, self.std, crop_padding, hflip=False))
-        self.val_set = TensorImageDataset(images[val_idx], targets[val_idx],
-                                          v2.Compose([v2.ToDtype(torch.float32, scale=True),
-                                                      v2.Normalize(self.mean, self.std)]))
+        self.train_set = TensorImageDataset(
+            images[train_idx],
+            targets[train_idx],
+            train_transform(img_size, self.mean, self.std, crop_padding, hflip=False),
+        )
+        self.val_set = TensorImageDataset(
+            images[val_idx],
+            targets[val_idx],
+            v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]),
+        )
 
 
 class CIFARDataModule(ImageClassificationData):
     """CIFAR-10 or CIFAR-100 through torchvision, in `root` (downloaded there when the network allows). The official
     test set serves as validation."""
 
-    def __init__(self, dataset: Literal["cifar10", "cifar100"] = "cifar10", root: str = "data", download: bool = True,
-                 batch_size: int = 128, num_workers: int = 2, crop_padding: int = 4, hflip: bool = True,
-                 auto_augment: AutoAugment = "none"):
+    def __init__(
+        self,
+        dataset: Literal["cifar10", "cifar100"] = "cifar10",
+        root: str = "data",
+        download: bool = True,
+        batch_size: int = 128,
+        num_workers: int = 2,
+        crop_padding: int = 4,
+        hflip: bool = True,
+        auto_augment: AutoAugment = "none",
+    ):
         super().__init__(batch_size, num_workers)
         if dataset not in ("cifar10", "cifar100"):
             raise ValueError(f"dataset={dataset!r} is not one of ['cifar10', 'cifar100']")
@@ -174,8 +214,9 @@ class CIFARDataModule(ImageClassificationData):
         self.class_names = list(CIFAR10_CLASSES if dataset == "cifar10" else CIFAR100_CLASSES)
         self.num_classes, self.img_size, self.in_chans = len(self.class_names), 32, 3
         self.mean, self.std = (CIFAR10_MEAN, CIFAR10_STD) if dataset == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
-        self.train_tf = train_transform(32, self.mean, self.std, crop_padding, hflip, auto_augment,
-                                        autoaugment_policy=v2.AutoAugmentPolicy.CIFAR10)
+        self.train_tf = train_transform(
+            32, self.mean, self.std, crop_padding, hflip, auto_augment, autoaugment_policy=v2.AutoAugmentPolicy.CIFAR10
+        )
         self.eval_tf = eval_transform(32, self.mean, self.std)
 
     def _open(self, train: bool, transform) -> datasets.CIFAR10:
@@ -184,11 +225,15 @@ class CIFARDataModule(ImageClassificationData):
             ds = cls(self.root, train=train, transform=transform, download=self.download)
         except (OSError, RuntimeError) as e:  # URLError is an OSError; torchvision raises RuntimeError if absent
             reason = getattr(e, "reason", None) or str(e).splitlines()[0]
-            raise DataError(f"{self.dataset} not found in {self.root}/ and not downloadable ({reason}): put "
-                            f"{cls.filename} (from {cls.url.rsplit('/', 1)[0]}/) in {self.root}/ and run again")
+            raise DataError(
+                f"{self.dataset} not found in {self.root}/ and not downloadable ({reason}): put "
+                f"{cls.filename} (from {cls.url.rsplit('/', 1)[0]}/) in {self.root}/ and run again"
+            ) from None
         if ds.classes != self.class_names:
-            raise DataError(f"{self.root}/{cls.base_folder}/{cls.meta['filename']}: class names {ds.classes[:3]}... "
-                            f"differ from {self.dataset}'s")
+            raise DataError(
+                f"{self.root}/{cls.base_folder}/{cls.meta['filename']}: class names {ds.classes[:3]}... "
+                f"differ from {self.dataset}'s"
+            )
         return ds
 
     def prepare_data(self) -> None:
@@ -205,9 +250,19 @@ class ImageFolderDataModule(ImageClassificationData):
     """Your own images: `root/train/<class>/*` and `root/val/<class>/*`, or `root/<class>/*` split into train and
     val by `val_fraction` and `split_seed`. Any size and mode (grayscale, RGBA, palette, 16-bit) is converted to RGB."""
 
-    def __init__(self, root: str, img_size: int = 32, val_fraction: float = 0.2, split_seed: int = 0,
-                 batch_size: int = 64, num_workers: int = 2, hflip: bool = True, auto_augment: AutoAugment = "none",
-                 mean: tuple[float, float, float] = IMAGENET_MEAN, std: tuple[float, float, float] = IMAGENET_STD):
+    def __init__(
+        self,
+        root: str,
+        img_size: int = 32,
+        val_fraction: float = 0.2,
+        split_seed: int = 0,
+        batch_size: int = 64,
+        num_workers: int = 2,
+        hflip: bool = True,
+        auto_augment: AutoAugment = "none",
+        mean: tuple[float, float, float] = IMAGENET_MEAN,
+        std: tuple[float, float, float] = IMAGENET_STD,
+    ):
         super().__init__(batch_size, num_workers)
         self.root = Path(root)
         if not self.root.is_dir():
@@ -225,8 +280,9 @@ class ImageFolderDataModule(ImageClassificationData):
         self.num_classes, self.img_size, self.in_chans = len(self.class_names), img_size, 3
         self.mean, self.std = tuple(mean), tuple(std)
         self.val_fraction, self.split_seed = val_fraction, split_seed
-        self.train_tf = train_transform(img_size, mean, std, hflip=hflip, auto_augment=auto_augment,
-                                        random_resized_crop=True)
+        self.train_tf = train_transform(
+            img_size, mean, std, hflip=hflip, auto_augment=auto_augment, random_resized_crop=True
+        )
         self.eval_tf = eval_transform(img_size, mean, std)
 
     @staticmethod
@@ -239,8 +295,9 @@ class ImageFolderDataModule(ImageClassificationData):
 
     def _folder(self, folder: Path, transform) -> datasets.ImageFolder:
         to_idx = {c: i for i, c in enumerate(self.class_names)}
-        ds = datasets.DatasetFolder(str(folder), loader=load_image, extensions=IMG_EXTENSIONS, transform=transform,
-                                    allow_empty=True)
+        ds = datasets.DatasetFolder(
+            str(folder), loader=load_image, extensions=IMG_EXTENSIONS, transform=transform, allow_empty=True
+        )
         # Map val's classes onto train's indices (val may lack a class that train has).
         ds.samples = [(p, to_idx[ds.classes[t]]) for p, t in ds.samples]
         ds.targets = [t for _, t in ds.samples]
@@ -261,6 +318,7 @@ class ImageFolderDataModule(ImageClassificationData):
         perm = torch.randperm(len(train_ds), generator=torch.Generator().manual_seed(self.split_seed)).tolist()
         n_val = max(1, round(len(perm) * self.val_fraction))
         if n_val >= len(perm):
-            raise DataError(f"{self.root}: {len(perm)} images are too few to split with val_fraction="
-                            f"{self.val_fraction}")
+            raise DataError(
+                f"{self.root}: {len(perm)} images are too few to split with val_fraction={self.val_fraction}"
+            )
         self.train_set, self.val_set = Subset(train_ds, perm[n_val:]), Subset(val_ds, perm[:n_val])

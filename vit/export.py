@@ -17,8 +17,9 @@ import torch
 from vit.checkpoint import CheckpointError, load_model
 
 
-def export(model: torch.nn.Module, fmt: str, out: str | Path, img_size: int, in_chans: int = 3,
-           opset: int = 18) -> Path:
+def export(
+    model: torch.nn.Module, fmt: str, out: str | Path, img_size: int, in_chans: int = 3, opset: int = 18
+) -> Path:
     """Write `model` (eval mode) as ONNX (dynamo exporter, SDPA kept fused where the opset allows) or TorchScript."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -26,8 +27,16 @@ def export(model: torch.nn.Module, fmt: str, out: str | Path, img_size: int, in_
     example = torch.randn(2, in_chans, img_size, img_size)
     if fmt == "onnx":
         batch = torch.export.Dim("batch", min=1, max=4096)
-        program = torch.onnx.export(model, (example,), dynamo=True, input_names=["images"], output_names=["logits"],
-                                    dynamic_shapes={"x": {0: batch}}, opset_version=opset, verbose=False)
+        program = torch.onnx.export(
+            model,
+            (example,),
+            dynamo=True,
+            input_names=["images"],
+            output_names=["logits"],
+            dynamic_shapes={"x": {0: batch}},
+            opset_version=opset,
+            verbose=False,
+        )
         program.save(str(out))
     elif fmt == "torchscript":
         with torch.no_grad():
@@ -39,8 +48,9 @@ def export(model: torch.nn.Module, fmt: str, out: str | Path, img_size: int, in_
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m vit.export", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m vit.export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--format", choices=("onnx", "torchscript"), required=True)
     ap.add_argument("--out", required=True)
@@ -52,10 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = export(model, args.format, args.out, hp["img_size"], hp.get("in_chans", 3), args.opset)
-    meta = {"input": "images", "shape": ["B", hp.get("in_chans", 3), hp["img_size"], hp["img_size"]],
-            "mean": hp["mean"], "std": hp["std"], "class_names": hp.get("class_names"),
-            "preprocess": "RGB, resize shorter side to img_size (bilinear, antialias), centre crop, /255, "
-                          "(x - mean) / std"}
+    meta = {
+        "input": "images",
+        "shape": ["B", hp.get("in_chans", 3), hp["img_size"], hp["img_size"]],
+        "mean": hp["mean"],
+        "std": hp["std"],
+        "class_names": hp.get("class_names"),
+        "preprocess": "RGB, resize shorter side to img_size (bilinear, antialias), centre crop, /255, (x - mean) / std",
+    }
     Path(f"{out}.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"wrote {out} and {out}.json")
     return 0

@@ -36,8 +36,9 @@ def sincos_2d_pos_embed(grid_h: int, grid_w: int, dim: int, temperature: float =
     """
     if dim % 4 != 0:
         raise ValueError(f"embed_dim={dim} must be divisible by 4 for pos_embed='sincos2d'")
-    y, x = torch.meshgrid(torch.arange(grid_h, dtype=torch.float32), torch.arange(grid_w, dtype=torch.float32),
-                          indexing="ij")
+    y, x = torch.meshgrid(
+        torch.arange(grid_h, dtype=torch.float32), torch.arange(grid_w, dtype=torch.float32), indexing="ij"
+    )
     omega = torch.arange(dim // 4, dtype=torch.float32) / max(dim // 4 - 1, 1)
     omega = 1.0 / temperature**omega  # (dim/4,)
     y = y.flatten()[:, None] * omega[None, :]  # (N, dim/4)
@@ -70,8 +71,16 @@ class Attention(nn.Module):
     through `attn_drop`, where `vit.attention_maps` reads them.
     """
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, qk_norm: bool = True,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, norm_layer: type[nn.Module] = nn.LayerNorm):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        qk_norm: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] = nn.LayerNorm,
+    ):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -108,9 +117,19 @@ class Attention(nn.Module):
 class Block(nn.Module):
     """Pre-Norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)), with LayerScale and DropPath."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True, qk_norm: bool = True,
-                 proj_drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0,
-                 init_values: float | None = None, norm_layer: type[nn.Module] = nn.LayerNorm):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        qk_norm: bool = True,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        init_values: float | None = None,
+        norm_layer: type[nn.Module] = nn.LayerNorm,
+    ):
         super().__init__()
         self.norm1 = norm_layer(dim)
         self.attn = Attention(dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, norm_layer)
@@ -137,17 +156,43 @@ class VisionTransformer(nn.Module):
         init_values: LayerScale init; None turns LayerScale off.
     """
 
-    def __init__(self, img_size: int = 32, patch_size: int = 4, in_chans: int = 3, num_classes: int = 10,
-                 embed_dim: int = 192, depth: int = 6, num_heads: int = 3, mlp_ratio: float = 4.0,
-                 qkv_bias: bool = True, qk_norm: bool = True, norm_layer: NormName = "layernorm",
-                 pos_embed: PosEmbedName = "learned", global_pool: PoolName = "avg", fc_norm: bool = False,
-                 drop_rate: float = 0.0, attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0,
-                 init_values: float | None = None):
+    def __init__(
+        self,
+        img_size: int = 32,
+        patch_size: int = 4,
+        in_chans: int = 3,
+        num_classes: int = 10,
+        embed_dim: int = 192,
+        depth: int = 6,
+        num_heads: int = 3,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        qk_norm: bool = True,
+        norm_layer: NormName = "layernorm",
+        pos_embed: PosEmbedName = "learned",
+        global_pool: PoolName = "avg",
+        fc_norm: bool = False,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        init_values: float | None = None,
+    ):
         super().__init__()
-        _check_config(img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
-                      embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, pos_embed=pos_embed,
-                      global_pool=global_pool, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
-                      drop_path_rate=drop_path_rate)
+        _check_config(
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            num_classes=num_classes,
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
+            mlp_ratio=mlp_ratio,
+            pos_embed=pos_embed,
+            global_pool=global_pool,
+            drop_rate=drop_rate,
+            attn_drop_rate=attn_drop_rate,
+            drop_path_rate=drop_path_rate,
+        )
         norm = get_norm_layer(norm_layer)
         self.num_classes = num_classes
         self.embed_dim = embed_dim
@@ -165,11 +210,23 @@ class VisionTransformer(nn.Module):
             self.register_buffer("pos_embed", sincos_2d_pos_embed(*self.grid_size, embed_dim), persistent=False)
         self.pos_drop = nn.Dropout(drop_rate)
         dpr = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth grows with depth
-        self.blocks = nn.Sequential(*[
-            Block(embed_dim, num_heads, mlp_ratio, qkv_bias, qk_norm, drop_rate, attn_drop_rate, dpr[i], init_values,
-                  norm)
-            for i in range(depth)
-        ])
+        self.blocks = nn.Sequential(
+            *[
+                Block(
+                    embed_dim,
+                    num_heads,
+                    mlp_ratio,
+                    qkv_bias,
+                    qk_norm,
+                    drop_rate,
+                    attn_drop_rate,
+                    dpr[i],
+                    init_values,
+                    norm,
+                )
+                for i in range(depth)
+            ]
+        )
         self.norm = nn.Identity() if fc_norm else norm(embed_dim)
         self.fc_norm = norm(embed_dim) if fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
@@ -204,8 +261,9 @@ class VisionTransformer(nn.Module):
             return self.pos_embed
         if self.pos_embed_type == "sincos2d":
             return sincos_2d_pos_embed(*grid, self.embed_dim).to(self.pos_embed)
-        return resample_abs_pos_embed(self.pos_embed, new_size=list(grid), old_size=list(self.grid_size),
-                                      num_prefix_tokens=0)
+        return resample_abs_pos_embed(
+            self.pos_embed, new_size=list(grid), old_size=list(self.grid_size), num_prefix_tokens=0
+        )
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> tokens (B, prefix + N, D) after the final norm."""

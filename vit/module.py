@@ -65,25 +65,42 @@ class ViTClassifier(L.LightningModule):
         std: tuple[float, ...] = (0.5, 0.5, 0.5),
     ):
         super().__init__()
-        for name, value in (("lr", lr), ("weight_decay", weight_decay), ("warmup_epochs", warmup_epochs),
-                            ("mixup_alpha", mixup_alpha), ("cutmix_alpha", cutmix_alpha)):
+        for name, value in (
+            ("lr", lr),
+            ("weight_decay", weight_decay),
+            ("warmup_epochs", warmup_epochs),
+            ("mixup_alpha", mixup_alpha),
+            ("cutmix_alpha", cutmix_alpha),
+        ):
             if value < 0:
                 raise ValueError(f"{name}={value} must be >= 0")
-        for name, value in (("label_smoothing", label_smoothing), ("mixup_prob", mixup_prob),
-                            ("min_lr_ratio", min_lr_ratio)):
+        for name, value in (
+            ("label_smoothing", label_smoothing),
+            ("mixup_prob", mixup_prob),
+            ("min_lr_ratio", min_lr_ratio),
+        ):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name}={value} must be in [0, 1]")
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"class_names has {len(class_names)} names but num_classes={num_classes}")
         # Plain types only (lists, not tuples of objects): the checkpoint must load with weights_only=True.
         self.save_hyperparameters()
-        self.hparams.update(class_names=list(class_names) if class_names else None, mean=[float(v) for v in mean],
-                            std=[float(v) for v in std], betas=[float(b) for b in betas])
+        self.hparams.update(
+            class_names=list(class_names) if class_names else None,
+            mean=[float(v) for v in mean],
+            std=[float(v) for v in std],
+            betas=[float(b) for b in betas],
+        )
         self.model = VisionTransformer(**{k: self.hparams[k] for k in MODEL_ARGS})
         self.mixup = None
         if mixup_alpha > 0 or cutmix_alpha > 0:
-            self.mixup = Mixup(mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, prob=mixup_prob,
-                               label_smoothing=label_smoothing, num_classes=num_classes)
+            self.mixup = Mixup(
+                mixup_alpha=mixup_alpha,
+                cutmix_alpha=cutmix_alpha,
+                prob=mixup_prob,
+                label_smoothing=label_smoothing,
+                num_classes=num_classes,
+            )
             self.soft_ce = SoftTargetCrossEntropy()
         top5 = min(5, num_classes)
         self.train_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
@@ -131,8 +148,11 @@ class ViTClassifier(L.LightningModule):
             if p.requires_grad:
                 (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
         hp = self.hparams
-        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay},
-                                       {"params": no_decay, "weight_decay": 0.0}], lr=hp.lr, betas=tuple(hp.betas))
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=hp.lr,
+            betas=tuple(hp.betas),
+        )
         total = max(1, int(self.trainer.estimated_stepping_batches))
         steps_per_epoch = total / max(1, self.trainer.max_epochs or 1)
         warmup = min(int(hp.warmup_epochs * steps_per_epoch), total - 1)
