@@ -30,10 +30,22 @@ class ViTCLI(LightningCLI):
             {
                 "checkpoint.monitor": "val/acc",
                 "checkpoint.mode": "max",
-                "checkpoint.save_last": True,
+                "checkpoint.save_last": False,  # see last_checkpoint
                 # No "val/acc" inside the name: the slash would make a sub-folder.
                 "checkpoint.filename": "best-epoch{epoch:03d}",
                 "checkpoint.auto_insert_metric_name": False,
+            }
+        )
+        # Lightning 2.6 writes `save_last` only when the monitored checkpoint was saved in the same step, so a
+        # `last.ckpt` would lag behind whenever val/acc did not improve. A second callback with no monitor keeps
+        # exactly one checkpoint, the latest, every epoch.
+        parser.add_lightning_class_args(ModelCheckpoint, "last_checkpoint")
+        parser.set_defaults(
+            {
+                "last_checkpoint.filename": "last",
+                "last_checkpoint.monitor": None,
+                "last_checkpoint.save_top_k": 1,
+                "last_checkpoint.enable_version_counter": False,
             }
         )
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
@@ -51,15 +63,17 @@ class ViTCLI(LightningCLI):
     def before_fit(self) -> None:
         logger = self.trainer.logger
         run = f"{logger.name}/version_{logger.version}" if logger else "default"
-        self.trainer.checkpoint_callback.dirpath = str(Path("checkpoints", run).resolve())
+        for cb in self.trainer.checkpoint_callbacks:
+            cb.dirpath = str(Path("checkpoints", run).resolve())
         self._start = time.perf_counter()
 
     def after_fit(self) -> None:
-        cb = self.trainer.checkpoint_callback
+        cbs = self.trainer.checkpoint_callbacks
+        cb, last = next(c for c in cbs if c.monitor), next(c for c in cbs if c.monitor is None)
         if self.trainer.is_global_zero and cb.best_model_path:
             print(
                 f"\nbest val/acc {float(cb.best_model_score):.4f} after {time.perf_counter() - self._start:.0f} s"
-                f"\ncheckpoint: {cb.best_model_path}\nlast:       {cb.last_model_path}"
+                f"\ncheckpoint: {cb.best_model_path}\nlast:       {last.best_model_path}"
             )
 
 

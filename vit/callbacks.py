@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 class AttentionMapCallback(L.Callback):
     """Every `every_n_epochs` validation epochs, log where the model looks for a fixed set of validation images.
 
-    The same `num_images` images every time (spread evenly over the validation set, chosen once), so change over
+    The same `num_images` images every time (the first of the validation set, chosen once), so change over
     training is visible. TensorBoard tags: `attention/rollout` (images over their rollout overlays),
     `attention/layer_{i}` (a row per image, a tile per head: attention each patch receives in block i),
     `attention/query_patch` (where the centre patch looks, per head, in the last block), `attention/mean_distance`
@@ -45,11 +45,16 @@ class AttentionMapCallback(L.Callback):
 
     def _fixed_images(self, trainer: L.Trainer) -> torch.Tensor:
         if self._images is None:
+            # The first images of the (unshuffled, unaugmented) validation loader: the same ones every epoch.
             loaders = trainer.val_dataloaders
-            dataset = (loaders[0] if isinstance(loaders, (list, tuple)) else loaders).dataset
-            n = min(self.num_images, len(dataset))
-            idx = torch.linspace(0, len(dataset) - 1, n).round().long().tolist()
-            self._images = torch.stack([dataset[i][0] for i in idx])  # evaluation transform: deterministic
+            loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+            batches, n = [], 0
+            for x, _ in loader:
+                batches.append(x[: self.num_images - n].detach().cpu())
+                n += len(batches[-1])
+                if n >= self.num_images:
+                    break
+            self._images = torch.cat(batches)
         return self._images
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

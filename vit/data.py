@@ -19,6 +19,8 @@ from torchvision import datasets
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 from torchvision.transforms import v2
 
+from vit.device_data import DeviceBatches
+
 AutoAugment = Literal["none", "randaugment", "trivialaugment", "autoaugment"]
 
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -54,6 +56,20 @@ def load_image(path: str | Path) -> Image.Image:
     return img.convert("RGB")
 
 
+def augment_policy(name: AutoAugment, autoaugment_policy=v2.AutoAugmentPolicy.IMAGENET) -> v2.Transform | None:
+    """The torchvision policy for a config name ('none' -> None); works on PIL images and uint8 tensors."""
+    policies = {
+        "randaugment": v2.RandAugment,
+        "trivialaugment": v2.TrivialAugmentWide,
+        "autoaugment": partial(v2.AutoAugment, autoaugment_policy),
+    }
+    if name == "none":
+        return None
+    if name not in policies:
+        raise ValueError(f"auto_augment={name!r} is not one of {['none', *policies]}")
+    return policies[name]()
+
+
 def train_transform(
     img_size: int,
     mean,
@@ -71,15 +87,8 @@ def train_transform(
         ops = [v2.RandomCrop(img_size, padding=crop_padding)] if crop_padding else []
     if hflip:
         ops.append(v2.RandomHorizontalFlip())
-    policies = {
-        "randaugment": v2.RandAugment,
-        "trivialaugment": v2.TrivialAugmentWide,
-        "autoaugment": partial(v2.AutoAugment, autoaugment_policy),
-    }
     if auto_augment != "none":
-        if auto_augment not in policies:
-            raise ValueError(f"auto_augment={auto_augment!r} is not one of {['none', *policies]}")
-        ops.append(policies[auto_augment]())
+        ops.append(augment_policy(auto_augment, autoaugment_policy))
     return v2.Compose([*ops, v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
 
 
@@ -117,15 +126,30 @@ class ImageClassificationData(L.LightningDataModule):
     mean: tuple[float, ...]
     std: tuple[float, ...]
 
-    def __init__(self, batch_size: int, num_workers: int):
+    def __init__(self, batch_size: int, num_workers: int, in_memory: bool = False):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1")
         if num_workers < 0:
             raise ValueError(f"num_workers={num_workers} must be >= 0")
-        self.batch_size, self.num_workers = batch_size, num_workers
+        self.batch_size, self.num_workers, self.in_memory = batch_size, num_workers, in_memory
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
+        # For the in-memory path: {"train": (uint8 images, targets), "val": ...} and the augmentation to apply.
+        self.memory: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.crop_padding, self.hflip, self.per_image = 0, False, None
+
+    def _device_batches(self, split: str) -> DeviceBatches:
+        trainer = self.trainer
+        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        images, targets = self.memory[split]
+        if images.device != device:  # once: the dataset then lives on the training device
+            images, targets = images.to(device), targets.to(device)
+            self.memory[split] = (images, targets)
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        return DeviceBatches(images, targets, self.batch_size, self.mean, self.std, train=split == "train",
+                             crop_padding=self.crop_padding, hflip=self.hflip, per_image=self.per_image,
+                             seed=torch.initial_seed() % 2**31, rank=rank, world_size=world)
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         # drop_last on train: Mixup needs even batches, and a ragged last batch would recompile a compiled model.
@@ -138,20 +162,21 @@ class ImageClassificationData(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
         )
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, train=True)
+    def train_dataloader(self) -> DataLoader | DeviceBatches:
+        return self._device_batches("train") if self.in_memory else self._loader(self.train_set, train=True)
 
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, train=False)
+    def val_dataloader(self) -> DataLoader | DeviceBatches:
+        return self._device_batches("val") if self.in_memory else self._loader(self.val_set, train=False)
 
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, train=False)
+    def test_dataloader(self) -> DataLoader | DeviceBatches:
+        return self.val_dataloader()
 
 
 class DigitsDataModule(ImageClassificationData):
     """scikit-learn's 1,797 real 8x8 handwritten digits (shipped inside the package: works offline), upscaled to
     img_size x img_size RGB. A fixed train/val split by `split_seed`; random-crop augmentation, no flip (a flipped
-    digit is another glyph)."""
+    digit is another glyph). `in_memory` (default) batches and augments on the training device (vit.device_data);
+    off, a DataLoader with per-image torchvision transforms does the same."""
 
     def __init__(
         self,
@@ -161,8 +186,9 @@ class DigitsDataModule(ImageClassificationData):
         batch_size: int = 64,
         num_workers: int = 0,
         crop_padding: int = 4,
+        in_memory: bool = True,
     ):
-        super().__init__(batch_size, num_workers)
+        super().__init__(batch_size, num_workers, in_memory)
         from sklearn.datasets import load_digits
 
         digits = load_digits()
@@ -190,6 +216,8 @@ class DigitsDataModule(ImageClassificationData):
             targets[val_idx],
             v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]),
         )
+        self.memory = {"train": (images[train_idx], targets[train_idx]), "val": (images[val_idx], targets[val_idx])}
+        self.crop_padding = crop_padding
 
 
 class CIFARDataModule(ImageClassificationData):
@@ -206,8 +234,9 @@ class CIFARDataModule(ImageClassificationData):
         crop_padding: int = 4,
         hflip: bool = True,
         auto_augment: AutoAugment = "none",
+        in_memory: bool = True,
     ):
-        super().__init__(batch_size, num_workers)
+        super().__init__(batch_size, num_workers, in_memory)
         if dataset not in ("cifar10", "cifar100"):
             raise ValueError(f"dataset={dataset!r} is not one of ['cifar10', 'cifar100']")
         self.dataset, self.root, self.download = dataset, root, download
@@ -218,6 +247,8 @@ class CIFARDataModule(ImageClassificationData):
             32, self.mean, self.std, crop_padding, hflip, auto_augment, autoaugment_policy=v2.AutoAugmentPolicy.CIFAR10
         )
         self.eval_tf = eval_transform(32, self.mean, self.std)
+        self.crop_padding, self.hflip = crop_padding, hflip
+        self.per_image = augment_policy(auto_augment, v2.AutoAugmentPolicy.CIFAR10)
 
     def _open(self, train: bool, transform) -> datasets.CIFAR10:
         cls = datasets.CIFAR10 if self.dataset == "cifar10" else datasets.CIFAR100
@@ -244,6 +275,10 @@ class CIFARDataModule(ImageClassificationData):
         if self.train_set is None:
             self.train_set = self._open(True, self.train_tf)
             self.val_set = self._open(False, self.eval_tf)
+            # torchvision keeps CIFAR as one uint8 array (N, 32, 32, 3): the in-memory path takes it as it is.
+            for split, ds in (("train", self.train_set), ("val", self.val_set)):
+                images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
+                self.memory[split] = (images, torch.tensor(ds.targets, dtype=torch.long))
 
 
 class ImageFolderDataModule(ImageClassificationData):

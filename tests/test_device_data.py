@@ -1,0 +1,96 @@
+"""The in-memory data path against the torchvision/PIL path's semantics."""
+
+import torch
+import torch.nn.functional as F
+
+from vit.data import DigitsDataModule
+from vit.device_data import DeviceBatches, random_crop, random_hflip
+
+MEAN, STD = (0.2, 0.3, 0.4), (0.5, 0.6, 0.7)
+
+
+def _images(n=40, size=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, 3, size, size), generator=g, dtype=torch.uint8), torch.arange(n) % 10
+
+
+def _raw(x):
+    """Back from normalised floats to uint8 values."""
+    mean, std = torch.tensor(MEAN)[:, None, None], torch.tensor(STD)[:, None, None]
+    return ((x * std + mean) * 255).round()
+
+
+def _views(img, padding):
+    """Every image RandomCrop(padding) + optional flip can produce from img, as (offset, flipped) -> tensor."""
+    padded = F.pad(img.float(), (padding,) * 4)
+    size = img.shape[-1]
+    out = {}
+    for oy in range(2 * padding + 1):
+        for ox in range(2 * padding + 1):
+            crop = padded[:, oy : oy + size, ox : ox + size]
+            out[(oy, ox, False)], out[(oy, ox, True)] = crop, crop.flip(-1)
+    return out
+
+
+def test_batches_have_the_right_shape_type_and_range():
+    images, targets = _images()
+    batches = list(DeviceBatches(images, targets, 16, MEAN, STD, train=True, crop_padding=2, hflip=True))
+    assert len(batches) == 2  # drop_last on train: 40 -> 2 full batches
+    for x, y in batches:
+        assert x.shape == (16, 3, 8, 8) and x.dtype == torch.float32 and y.dtype == torch.long
+        raw = _raw(x)
+        assert raw.min() >= 0 and raw.max() <= 255
+
+
+def test_crops_and_flips_are_real_and_follow_random_crop_semantics():
+    images, _ = _images()
+    ids = torch.arange(len(images))  # targets as ids: each output can be traced back to its source image
+    offsets, flips = set(), set()
+    for epoch in range(5):
+        batches = DeviceBatches(images, ids, 8, MEAN, STD, train=True, crop_padding=2, hflip=True, seed=3)
+        batches.set_epoch(epoch)
+        for x, y in batches:
+            for out, i in zip(_raw(x), y.tolist()):
+                match = [k for k, v in _views(images[i], 2).items() if torch.equal(v, out)]
+                assert match, "an output that no crop + flip of its source image can produce"
+                offsets.add(match[0][:2])
+                flips.add(match[0][2])
+    assert flips == {True, False}
+    assert len(offsets) >= 20  # of the 25 offsets of padding 2, nearly all drawn over 160 crops
+
+
+def test_another_epoch_gives_other_batches_and_the_same_seed_the_same():
+    images, targets = _images()
+    a = DeviceBatches(images, targets, 8, MEAN, STD, train=True, crop_padding=2, hflip=True, seed=1)
+    b = DeviceBatches(images, targets, 8, MEAN, STD, train=True, crop_padding=2, hflip=True, seed=1)
+    first = [x for x, _ in a]
+    assert all(torch.equal(x, y) for x, (y, _) in zip(first, b))
+    a.set_epoch(1)
+    assert not any(torch.equal(x, y) for x, (y, _) in zip(first, a))
+    c = DeviceBatches(images, targets, 8, MEAN, STD, train=True, seed=2)
+    assert [y.tolist() for _, y in c] != [y.tolist() for _, y in b]
+
+
+def test_validation_is_ordered_unaugmented_and_equals_the_pil_path():
+    dm = DigitsDataModule(batch_size=50)
+    xs, ys = zip(*DeviceBatches(*dm.memory["val"], 50, dm.mean, dm.std, train=False))
+    x, y = torch.cat(xs), torch.cat(ys)
+    assert len(x) == 360 and torch.equal(y, dm.val_set.targets)
+    reference = torch.stack([dm.val_set[i][0] for i in range(360)])  # v2.ToDtype + v2.Normalize per image
+    torch.testing.assert_close(x, reference, atol=1e-5, rtol=0)
+
+
+def test_ranks_shard_like_distributed_sampler():
+    images, targets = _images()
+    one = DeviceBatches(images, targets, 8, MEAN, STD, train=True, seed=5)
+    shards = [DeviceBatches(images, targets, 4, MEAN, STD, train=True, seed=5, rank=r, world_size=2) for r in (0, 1)]
+    for (_, y), (_, y0), (_, y1) in zip(one, *shards):
+        assert sorted(y.tolist()) == sorted(y0.tolist() + y1.tolist())
+
+
+def test_random_crop_and_flip_helpers_keep_shapes():
+    x = torch.randint(0, 256, (5, 3, 6, 7), dtype=torch.uint8)
+    g = torch.Generator().manual_seed(0)
+    assert random_crop(x, 3, g).shape == x.shape and random_crop(x, 0, g) is x
+    flipped = random_hflip(x, g, p=1.0)
+    assert torch.equal(flipped, x.flip(-1))

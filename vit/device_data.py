@@ -1,0 +1,104 @@
+"""The in-memory data path: the whole dataset as one uint8 tensor on the training device, augmented a batch at a time.
+
+For data that fits in memory (digits, CIFAR, small image folders) this replaces the DataLoader: no per-image PIL work
+and no worker processes on the hot path. Augmentation semantics are those of the PIL path (`vit.data
+.train_transform`): RandomCrop with zero padding, horizontal flip with p = 0.5, optional AutoAugment-family policy
+per image, then ToDtype(scale) and Normalize. Mixup/CutMix stay in the LightningModule, on the batch.
+
+    batches = DeviceBatches(images_uint8, targets, batch_size=64, mean=m, std=s, train=True, crop_padding=4)
+    for epoch in range(E):
+        batches.set_epoch(epoch)   # Lightning calls it: the shuffle and the augmentation are seeded per epoch
+        for x, y in batches: ...   # x: (B, C, H, W) float32 normalised, on images.device
+"""
+
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+
+def random_crop(x: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
+    """Per-image random crop of a zero-padded batch, back to the input size: (B, C, H, W) -> (B, C, H, W).
+
+    Same distribution as torchvision's RandomCrop(size, padding=padding) applied to each image: every offset in
+    [0, 2 * padding] along each axis is equally likely.
+    """
+    if padding <= 0:
+        return x
+    B, C, H, W = x.shape
+    padded = F.pad(x, (padding,) * 4)  # zeros, as RandomCrop's default fill
+    oy = torch.randint(0, 2 * padding + 1, (B,), generator=generator, device=generator.device).to(x.device)
+    ox = torch.randint(0, 2 * padding + 1, (B,), generator=generator, device=generator.device).to(x.device)
+    rows = (oy[:, None] + torch.arange(H, device=x.device))[:, None, :, None]  # (B, 1, H, 1)
+    cols = (ox[:, None] + torch.arange(W, device=x.device))[:, None, None, :]  # (B, 1, 1, W)
+    batch = torch.arange(B, device=x.device)[:, None, None, None]
+    chans = torch.arange(C, device=x.device)[None, :, None, None]
+    return padded[batch, chans, rows, cols]
+
+
+def random_hflip(x: torch.Tensor, generator: torch.Generator, p: float = 0.5) -> torch.Tensor:
+    """Flip each image of the batch left-right with probability p."""
+    flip = torch.rand(x.shape[0], generator=generator, device=generator.device).to(x.device) < p
+    return torch.where(flip[:, None, None, None], x.flip(-1), x)
+
+
+class DeviceBatches:
+    """Batches of (normalised float images, targets) from uint8 images held on one device.
+
+    Args:
+        images: (N, C, H, W) uint8, already on the device to train on.
+        train: shuffle (seeded by `seed` and the epoch) and augment; otherwise fixed order, no augmentation.
+        per_image: an optional per-image transform of a uint8 (C, H, W) tensor (RandAugment, ...), applied after
+            crop and flip, image by image: the policies of torchvision have no batched form.
+        rank, world_size: data-parallel shard, as DistributedSampler: rank r takes positions r, r + W, ... of the
+            epoch's permutation, so W ranks of batch b see the same images as one process of batch W * b.
+    """
+
+    def __init__(self, images: torch.Tensor, targets: torch.Tensor, batch_size: int, mean, std, train: bool,
+                 crop_padding: int = 0, hflip: bool = False, per_image: Callable | None = None, seed: int = 0,
+                 drop_last: bool | None = None, rank: int = 0, world_size: int = 1):
+        if images.dtype != torch.uint8 or images.ndim != 4:
+            raise ValueError(f"images must be a uint8 (N, C, H, W) tensor, got {images.dtype} {tuple(images.shape)}")
+        self.images, self.targets = images, targets.to(images.device)
+        self.batch_size, self.train = batch_size, train
+        self.crop_padding, self.hflip, self.per_image = crop_padding, hflip, per_image
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.drop_last = train and len(images) // world_size > batch_size if drop_last is None else drop_last
+        self.mean = torch.tensor(mean, dtype=torch.float32, device=images.device)[:, None, None] * 255
+        self.std = torch.tensor(std, dtype=torch.float32, device=images.device)[:, None, None] * 255
+        self.epoch = 0
+        if train:  # Lightning calls `dataloader.sampler.set_epoch(epoch)` before every epoch (and on resume)
+            self.sampler, self.batch_sampler = self, None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _positions(self) -> torch.Tensor:
+        n = len(self.images)
+        if self.train:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            order = torch.randperm(n, generator=g)
+        else:
+            order = torch.arange(n)
+        return order[self.rank :: self.world_size]
+
+    def __len__(self) -> int:
+        n = len(range(self.rank, len(self.images), self.world_size))
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        device = self.images.device
+        order = self._positions().to(device)
+        # One generator per (seed, epoch, rank): same seed => same batches, another epoch => other crops and flips.
+        g = torch.Generator(device=device).manual_seed(hash((self.seed, self.epoch, self.rank)) % 2**62)
+        for b in range(len(self)):
+            idx = order[b * self.batch_size : (b + 1) * self.batch_size]
+            x, y = self.images[idx], self.targets[idx]
+            if self.train:
+                x = random_crop(x, self.crop_padding, g)
+                if self.hflip:
+                    x = random_hflip(x, g)
+                if self.per_image is not None:
+                    x = torch.stack([self.per_image(img) for img in x])
+            # ToDtype(scale=True) + Normalize in one step: (x / 255 - mean) / std == (x - 255 mean) / (255 std)
+            yield (x.float() - self.mean) / self.std, y
