@@ -21,7 +21,7 @@ from vit.data import DigitsDataModule
 from vit.module import ViTClassifier
 
 SMOKE = str(Path(__file__).parent.parent / "configs" / "smoke.yaml")
-DEPTH, HEADS, SIZE, IMAGES = 2, 2, 96, 8  # the smoke config's model and the callback's defaults
+DEPTH, HEADS, SIZE, IMAGES = 2, 2, 64, 8  # the smoke config's model and the callback's defaults
 IMAGE_TAGS = ["attention/rollout", "attention/query_patch", "attention/mean_distance"] + [
     f"attention/layer_{i}" for i in range(DEPTH)
 ]

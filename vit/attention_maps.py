@@ -127,12 +127,18 @@ def overlay(image: torch.Tensor, heat: torch.Tensor, cmap: str = "inferno", alph
 
     The heat map is min-max scaled, upsampled to the image size (bilinear) and coloured with a matplotlib colormap.
     """
-    heat = heat.float().cpu()
-    heat = (heat - heat.min()) / (heat.max() - heat.min()).clamp_min(1e-12)
-    heat = F.interpolate(heat[None, None], size=image.shape[-2:], mode="bilinear", align_corners=False)[0, 0]
-    colors = matplotlib.colormaps[cmap](heat.numpy())[..., :3]  # (H, W, 3)
-    colored = torch.from_numpy(colors).permute(2, 0, 1).float()
-    return ((1 - alpha) * image.float().cpu() + alpha * colored).clamp(0, 1)
+    return overlay_batch(image[None], heat[None], cmap, alpha)[0]
+
+
+def overlay_batch(images: torch.Tensor, heats: torch.Tensor, cmap: str = "inferno", alpha: float = 0.5) -> torch.Tensor:
+    """`overlay` for a batch in one go: images (B, 3, H, W), heats (B, h, w) -> (B, 3, H, W)."""
+    heats = heats.float().cpu()
+    lo, hi = heats.amin(dim=(1, 2), keepdim=True), heats.amax(dim=(1, 2), keepdim=True)
+    heats = (heats - lo) / (hi - lo).clamp_min(1e-12)  # min-max per map
+    heats = F.interpolate(heats[:, None], size=images.shape[-2:], mode="bilinear", align_corners=False)[:, 0]
+    colors = matplotlib.colormaps[cmap](heats.numpy())[..., :3]  # (B, H, W, 3)
+    colored = torch.from_numpy(colors).permute(0, 3, 1, 2).float()
+    return ((1 - alpha) * images.float().cpu() + alpha * colored).clamp(0, 1)
 
 
 def _resize(images: torch.Tensor, size: int) -> torch.Tensor:
@@ -160,16 +166,15 @@ def attention_panels(
     grid = (x.shape[-2] // patch, x.shape[-1] // patch)
     images = _resize(denormalize(x.float(), mean, std).cpu(), display_size)
     rel = image_relevance(attention_rollout(attns), p, grid)
-    overlays = torch.stack([overlay(img, r, cmap) for img, r in zip(images, rel)])
+    overlays = overlay_batch(images, rel, cmap)
     heads = attns[0].shape[1]
+    per_head_images = images.repeat_interleave(heads, dim=0)  # (B * H, 3, S, S): a row per image, a tile per head
     layers = []
     for a in attns:
-        maps = attention_received(a, p, grid)  # (B, H, gh, gw)
-        tiles = [overlay(img, m, cmap) for img, per_head in zip(images, maps) for m in per_head]
+        tiles = overlay_batch(per_head_images, attention_received(a, p, grid).flatten(0, 1), cmap)
         layers.append(make_grid(tiles, nrow=heads, padding=2, pad_value=1.0))
     query = (grid[0] // 2) * grid[1] + grid[1] // 2 if query is None else query
-    qmaps = query_patch_map(attns[-1], query, p, grid)
-    qtiles = [overlay(img, m, cmap) for img, per_head in zip(images, qmaps) for m in per_head]
+    qtiles = overlay_batch(per_head_images, query_patch_map(attns[-1], query, p, grid).flatten(0, 1), cmap)
     return {
         "rollout": make_grid(torch.cat([images, overlays]), nrow=len(images), padding=2, pad_value=1.0),
         "layers": layers,

@@ -11,6 +11,11 @@ from vit.attention_maps import attention_panels, mean_distance_figure
 log = logging.getLogger(__name__)
 
 
+def _uint8(image: torch.Tensor) -> torch.Tensor:
+    """[0, 1] float CHW -> uint8: TensorBoard would convert it anyway, more slowly, through numpy."""
+    return (image * 255).round().to(torch.uint8)
+
+
 class AttentionMapCallback(L.Callback):
     """Every `every_n_epochs` validation epochs, log where the model looks for a fixed set of validation images.
 
@@ -23,7 +28,7 @@ class AttentionMapCallback(L.Callback):
     with no TensorBoard logger it does nothing and says so once.
     """
 
-    def __init__(self, every_n_epochs: int = 1, num_images: int = 8, display_size: int = 96, cmap: str = "inferno"):
+    def __init__(self, every_n_epochs: int = 1, num_images: int = 8, display_size: int = 64, cmap: str = "inferno"):
         super().__init__()
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs={every_n_epochs} must be >= 1")
@@ -74,10 +79,10 @@ class AttentionMapCallback(L.Callback):
         finally:
             pl_module.train(was_training)
         writer, step = tb.experiment, trainer.global_step
-        writer.add_image("attention/rollout", panels["rollout"], step)
+        writer.add_image("attention/rollout", _uint8(panels["rollout"]), step)
         for i, grid in enumerate(panels["layers"]):
-            writer.add_image(f"attention/layer_{i}", grid, step)
-        writer.add_image("attention/query_patch", panels["query_patch"], step)
+            writer.add_image(f"attention/layer_{i}", _uint8(grid), step)
+        writer.add_image("attention/query_patch", _uint8(panels["query_patch"]), step)
         writer.add_figure("attention/mean_distance", mean_distance_figure(panels["mean_distance"], hp.img_size), step)
         for i, h in enumerate(panels["entropy"].tolist()):
             writer.add_scalar(f"attention/entropy/layer_{i}", h, step)

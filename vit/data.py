@@ -147,9 +147,20 @@ class ImageClassificationData(L.LightningDataModule):
             images, targets = images.to(device), targets.to(device)
             self.memory[split] = (images, targets)
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        return DeviceBatches(images, targets, self.batch_size, self.mean, self.std, train=split == "train",
-                             crop_padding=self.crop_padding, hflip=self.hflip, per_image=self.per_image,
-                             seed=torch.initial_seed() % 2**31, rank=rank, world_size=world)
+        return DeviceBatches(
+            images,
+            targets,
+            self.batch_size,
+            self.mean,
+            self.std,
+            train=split == "train",
+            crop_padding=self.crop_padding,
+            hflip=self.hflip,
+            per_image=self.per_image,
+            seed=torch.initial_seed() % 2**31,
+            rank=rank,
+            world_size=world,
+        )
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         # drop_last on train: Mixup needs even batches, and a ragged last batch would recompile a compiled model.

@@ -54,9 +54,22 @@ class DeviceBatches:
             epoch's permutation, so W ranks of batch b see the same images as one process of batch W * b.
     """
 
-    def __init__(self, images: torch.Tensor, targets: torch.Tensor, batch_size: int, mean, std, train: bool,
-                 crop_padding: int = 0, hflip: bool = False, per_image: Callable | None = None, seed: int = 0,
-                 drop_last: bool | None = None, rank: int = 0, world_size: int = 1):
+    def __init__(
+        self,
+        images: torch.Tensor,
+        targets: torch.Tensor,
+        batch_size: int,
+        mean,
+        std,
+        train: bool,
+        crop_padding: int = 0,
+        hflip: bool = False,
+        per_image: Callable | None = None,
+        seed: int = 0,
+        drop_last: bool | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         if images.dtype != torch.uint8 or images.ndim != 4:
             raise ValueError(f"images must be a uint8 (N, C, H, W) tensor, got {images.dtype} {tuple(images.shape)}")
         self.images, self.targets = images, targets.to(images.device)
