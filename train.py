@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
@@ -61,6 +62,8 @@ class ViTCLI(LightningCLI):
             sys.exit(f"error: {root_cause(e)}")
 
     def before_fit(self) -> None:
+        if self.trainer.strategy.root_device.type == "cuda":
+            torch.set_float32_matmul_precision("high")  # TF32 matmuls for fp32 on Ampere and newer
         logger = self.trainer.logger
         run = f"{logger.name}/version_{logger.version}" if logger else "default"
         for cb in self.trainer.checkpoint_callbacks:

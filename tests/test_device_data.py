@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from vit.data import DigitsDataModule
-from vit.device_data import DeviceBatches, random_crop, random_hflip
+from vit.device_data import DeviceBatches, random_crop_flip
 
 MEAN, STD = (0.2, 0.3, 0.4), (0.5, 0.6, 0.7)
 
@@ -88,9 +88,10 @@ def test_ranks_shard_like_distributed_sampler():
         assert sorted(y.tolist()) == sorted(y0.tolist() + y1.tolist())
 
 
-def test_random_crop_and_flip_helpers_keep_shapes():
-    x = torch.randint(0, 256, (5, 3, 6, 7), dtype=torch.uint8)
-    g = torch.Generator().manual_seed(0)
-    assert random_crop(x, 3, g).shape == x.shape and random_crop(x, 0, g) is x
-    flipped = random_hflip(x, g, p=1.0)
-    assert torch.equal(flipped, x.flip(-1))
+def test_random_crop_flip_without_padding_only_flips():
+    x = torch.randint(0, 256, (64, 3, 6, 7), dtype=torch.uint8)
+    out = random_crop_flip(x, 0, True, torch.Generator().manual_seed(0))
+    flipped = [torch.equal(o, i.flip(-1)) for o, i in zip(out, x)]
+    assert all(f or torch.equal(o, i) for f, o, i in zip(flipped, out, x))
+    assert 16 < sum(flipped) < 48
+    assert torch.equal(random_crop_flip(x, 0, False, torch.Generator()), x)

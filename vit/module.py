@@ -28,6 +28,8 @@ class ViTClassifier(L.LightningModule):
             `lr * min_lr_ratio`, stepped every batch.
         weight_decay: AdamW decay, not applied to norms, biases, position embeddings and the class token.
         mixup_alpha, cutmix_alpha: timm's Mixup/CutMix on the batch (0 = off); `mixup_prob` per batch.
+        compile: torch.compile the model (in place, before fit). Pays off on GPU; on a 2-core CPU the digits model
+            measured slower (686 vs 818 img/s) after 40 s of compilation.
         class_names, mean, std: linked from the DataModule by `train.py`; saved for predict.
     """
 
@@ -60,6 +62,7 @@ class ViTClassifier(L.LightningModule):
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
         mixup_prob: float = 1.0,
+        compile: bool = False,
         class_names: list[str] | None = None,
         mean: tuple[float, ...] = (0.5, 0.5, 0.5),
         std: tuple[float, ...] = (0.5, 0.5, 0.5),
@@ -109,6 +112,12 @@ class ViTClassifier(L.LightningModule):
         self.test_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
 
+    def configure_model(self) -> None:
+        # In place, so that state-dict keys stay `model.*` (self.model = torch.compile(...) would add `_orig_mod.`).
+        if self.hparams.compile and not getattr(self, "_compiled", False):
+            self.model.compile()
+            self._compiled = True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
@@ -131,7 +140,8 @@ class ViTClassifier(L.LightningModule):
         acc, acc5 = (self.val_acc, self.val_acc5) if stage == "val" else (self.test_acc, self.test_acc5)
         acc.update(logits, y)
         acc5.update(logits, y)
-        self.log(f"{stage}/loss", F.cross_entropy(logits, y), prog_bar=True)
+        # sync_dist: the mean over all ranks' batches (torchmetrics objects sync themselves)
+        self.log(f"{stage}/loss", F.cross_entropy(logits, y), prog_bar=True, sync_dist=True)
         self.log(f"{stage}/acc", acc, prog_bar=True)
         self.log(f"{stage}/acc5", acc5)
 
