@@ -1,3 +1,4 @@
+# ruff: noqa: B023  (closures in the case loops are called within their own iteration)
 """The benchmark: every figure a ratio against a reference measured in this process, interleaved, median of rounds.
 
     python bench/run.py                 # CPU, about 5 minutes on 2 cores; writes bench/results.json

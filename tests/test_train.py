@@ -54,15 +54,23 @@ def test_warmup_then_cosine():
     assert f(110) == pytest.approx(0.01)
 
 
-def test_no_weight_decay_on_norms_biases_and_embeddings():
-    module = ViTClassifier(embed_dim=32, depth=1, num_heads=2)
+def test_no_weight_decay_on_norms_biases_and_embeddings_and_layer_decay():
+    module = ViTClassifier(embed_dim=32, depth=2, num_heads=2, lr=1.0, layer_decay=0.5)
     module.trainer = type("T", (), {"estimated_stepping_batches": 100, "max_epochs": 10})()
     opt = module.configure_optimizers()["optimizer"]
-    decay, no_decay = opt.param_groups
     names = {id(p): n for n, p in module.model.named_parameters()}
-    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
-    assert {names[id(p)] for p in no_decay["params"]} >= {"pos_embed", "norm.weight", "head.bias"}
-    assert all(p.ndim == 2 or p.ndim == 4 for p in decay["params"])
+    no_decay = {names[id(p)] for g in opt.param_groups if g["weight_decay"] == 0.0 for p in g["params"]}
+    decay = [p for g in opt.param_groups if g["weight_decay"] == 0.05 for p in g["params"]]
+    assert no_decay >= {"pos_embed", "norm.weight", "head.bias", "blocks.0.attn.qkv.bias"}
+    assert all(p.ndim in (2, 4) for p in decay) and len(decay) + len(no_decay) == len(names)
+    lr = {names[id(p)]: g["initial_lr"] for g in opt.param_groups for p in g["params"]}  # before the schedule
+    # depth 2: embeddings 0.5^3, block 0 0.5^2, block 1 0.5, head 1
+    assert (lr["pos_embed"], lr["blocks.0.mlp.fc1.weight"], lr["blocks.1.mlp.fc1.weight"], lr["head.weight"]) == (
+        0.125,
+        0.25,
+        0.5,
+        1.0,
+    )
 
 
 def test_a_tiny_vit_learns_digits(in_tmp):

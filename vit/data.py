@@ -157,6 +157,7 @@ class ImageClassificationData(L.LightningDataModule):
             crop_padding=self.crop_padding,
             hflip=self.hflip,
             per_image=self.per_image,
+            out_size=self.img_size,
             seed=torch.initial_seed() % 2**31,
             rank=rank,
             world_size=world,
@@ -246,18 +247,24 @@ class CIFARDataModule(ImageClassificationData):
         hflip: bool = True,
         auto_augment: AutoAugment = "none",
         in_memory: bool = True,
+        img_size: int = 32,
     ):
         super().__init__(batch_size, num_workers, in_memory)
+        if img_size < 1:
+            raise ValueError(f"img_size={img_size} must be >= 1")
         if dataset not in ("cifar10", "cifar100"):
             raise ValueError(f"dataset={dataset!r} is not one of ['cifar10', 'cifar100']")
         self.dataset, self.root, self.download = dataset, root, download
         self.class_names = list(CIFAR10_CLASSES if dataset == "cifar10" else CIFAR100_CLASSES)
-        self.num_classes, self.img_size, self.in_chans = len(self.class_names), 32, 3
+        # img_size other than 32: the 32 px images are upsampled after augmentation (fine-tuning at 224 px)
+        self.num_classes, self.img_size, self.in_chans = len(self.class_names), img_size, 3
         self.mean, self.std = (CIFAR10_MEAN, CIFAR10_STD) if dataset == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
         self.train_tf = train_transform(
             32, self.mean, self.std, crop_padding, hflip, auto_augment, autoaugment_policy=v2.AutoAugmentPolicy.CIFAR10
         )
-        self.eval_tf = eval_transform(32, self.mean, self.std)
+        if img_size != 32:
+            self.train_tf = v2.Compose([self.train_tf, v2.Resize(img_size, antialias=True)])
+        self.eval_tf = eval_transform(img_size, self.mean, self.std)
         self.crop_padding, self.hflip = crop_padding, hflip
         self.per_image = augment_policy(auto_augment, v2.AutoAugmentPolicy.CIFAR10)
 

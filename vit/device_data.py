@@ -52,6 +52,8 @@ class DeviceBatches:
         train: shuffle (seeded by `seed` and the epoch) and augment; otherwise fixed order, no augmentation.
         per_image: an optional per-image transform of a uint8 (C, H, W) tensor (RandAugment, ...), applied after
             crop and flip, image by image: the policies of torchvision have no batched form.
+        out_size: upsample the batch to out_size x out_size (bilinear) after augmentation, e.g. CIFAR at 224 px
+            for an ImageNet-pretrained ViT.
         rank, world_size: data-parallel shard, as DistributedSampler: rank r takes positions r, r + W, ... of the
             epoch's permutation, so W ranks of batch b see the same images as one process of batch W * b.
     """
@@ -69,6 +71,7 @@ class DeviceBatches:
         per_image: Callable | None = None,
         seed: int = 0,
         drop_last: bool | None = None,
+        out_size: int | None = None,
         rank: int = 0,
         world_size: int = 1,
     ):
@@ -77,7 +80,7 @@ class DeviceBatches:
         self.images, self.targets = images, targets.to(images.device)
         self.batch_size, self.train = batch_size, train
         self.crop_padding, self.hflip, self.per_image = crop_padding, hflip, per_image
-        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.seed, self.rank, self.world_size, self.out_size = seed, rank, world_size, out_size
         self.drop_last = train and len(images) // world_size > batch_size if drop_last is None else drop_last
         self.mean = torch.tensor(mean, dtype=torch.float32, device=images.device)[:, None, None] * 255
         self.std = torch.tensor(std, dtype=torch.float32, device=images.device)[:, None, None] * 255
@@ -115,4 +118,7 @@ class DeviceBatches:
                 if self.per_image is not None:
                     x = torch.stack([self.per_image(img) for img in x])
             # ToDtype(scale=True) + Normalize in one step: (x / 255 - mean) / std == (x - 255 mean) / (255 std)
-            yield (x.float() - self.mean) / self.std, y
+            x = (x.float() - self.mean) / self.std
+            if self.out_size and self.out_size != x.shape[-1]:
+                x = F.interpolate(x, size=(self.out_size, self.out_size), mode="bilinear", align_corners=False)
+            yield x, y

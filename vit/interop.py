@@ -13,6 +13,7 @@ A state dict alone does not say how many heads it has: `num_heads` defaults to e
 tiny to huge), unless qk_norm weights give the head size away.
 """
 
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -29,7 +30,7 @@ class InteropError(ValueError):
 
 
 def load_state_dict(source: str | Path | dict) -> dict[str, torch.Tensor]:
-    """A timm state dict from a dict, a `.safetensors` file or a `.pth/.pt/.bin` file (read as data, no pickled code)."""
+    """A timm state dict from a dict, a `.safetensors` or a `.pth/.pt/.bin` file (read as data, no pickled code)."""
     if isinstance(source, dict):
         sd = source
     else:
@@ -160,6 +161,39 @@ def from_timm(
     return model
 
 
+def load_timm_weights(model: VisionTransformer, source) -> None:
+    """Load timm weights into a model built from a config of the same architecture, for fine-tuning: a new head
+    when the classes differ; position embeddings (and the patch kernel) resampled to the model's sizes."""
+    sd = load_state_dict(source)
+    blk = model.blocks[0]
+    cfg = config_from_state_dict(sd, blk.attn.num_heads)
+    ours = dict(
+        embed_dim=model.embed_dim,
+        depth=len(model.blocks),
+        in_chans=model.patch_embed.proj.in_channels,
+        global_pool=model.global_pool,
+        qk_norm=not isinstance(blk.attn.q_norm, nn.Identity),
+        qkv_bias=blk.attn.qkv.bias is not None,
+        fc_norm=not isinstance(model.fc_norm, nn.Identity),
+        mlp_ratio=blk.mlp.fc1.out_features / model.embed_dim,
+    )
+    diffs = [f"{k} {cfg[k]} in the weights, {v} in the config" for k, v in ours.items() if cfg[k] != v]
+    if diffs:
+        raise InteropError(f"init_from={source}: the model's architecture differs: {'; '.join(diffs)}")
+    patch = model.patch_embed.patch_size
+    sd = convert_from_timm(sd, cfg, img_size=model.grid_size[0] * patch, patch_size=patch)
+    if cfg["num_classes"] != model.num_classes:
+        sd.pop("head.weight", None), sd.pop("head.bias", None)
+    if model.pos_embed_type != "learned":
+        sd.pop("pos_embed")  # fixed sincos: nothing to load
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if set(missing) - {"head.weight", "head.bias"} or unexpected:
+        raise InteropError(
+            f"init_from={source}: weights do not fit: missing {sorted(missing)[:5]}, unexpected "
+            f"{sorted(unexpected)[:5]}"
+        )
+
+
 def to_timm(model: VisionTransformer):
     """A timm VisionTransformer with our model's weights and the same logits (pos_embed learned, patches only)."""
     import timm
@@ -183,7 +217,7 @@ def to_timm(model: VisionTransformer):
         class_token=model.cls_token is not None,
         no_embed_class=True,  # our position embedding covers the patches only
         fc_norm=not isinstance(model.fc_norm, nn.Identity),
-        norm_layer=lambda dim: norm_layer(dim, eps=norm.eps),
+        norm_layer=partial(norm_layer, eps=norm.eps),
     )
     sd = model.state_dict()
     sd["pos_embed"] = model.pos_embed.detach().clone()  # sincos2d is a buffer, not in the state dict
