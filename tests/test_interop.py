@@ -180,3 +180,27 @@ def test_init_from_a_different_architecture_is_one_clear_error(tmp_path):
             qk_norm=False,
             init_from=str(tmp_path / "vit.safetensors"),
         )
+
+
+def test_freeze_backbone_trains_only_the_head_first(tmp_path):
+    import lightning as L
+
+    from vit.data import DigitsDataModule
+    from vit.module import ViTClassifier
+
+    L.seed_everything(0)
+    module = ViTClassifier(patch_size=8, embed_dim=32, depth=1, num_heads=2, freeze_backbone_epochs=1)
+    before = {k: v.clone() for k, v in module.model.state_dict().items()}
+    trainer = L.Trainer(
+        max_epochs=1,
+        limit_train_batches=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    trainer.fit(module, datamodule=DigitsDataModule(batch_size=32))
+    after = module.model.state_dict()
+    changed = {k for k in after if not torch.equal(after[k], before[k])}
+    assert changed == {"head.weight", "head.bias"}
