@@ -4,12 +4,17 @@
     python train.py fit --config configs/cifar10.yaml --trainer.max_epochs 5
     python train.py fit --config configs/folder.yaml --data.root path/to/images
     python train.py fit --config configs/digits.yaml --print_config
+    python train.py fit --config configs/digits.yaml --ckpt_path last   # resume the newest run of this config
 
-Checkpoints go to checkpoints/<run>/version_<n>/ (best by val/acc, and last.ckpt), TensorBoard logs to logs/<run>/.
+Checkpoints go to checkpoints/<run>/version_<n>/ (best by val/acc, last.ckpt every epoch, last-step.ckpt every
+`--checkpoint_every_n_steps` steps or else every 5 minutes, all written atomically), TensorBoard logs to
+logs/<run>/version_<n>/. Resuming continues in the same folders.
 """
 
+import re
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -17,8 +22,10 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from vit.callbacks import AttentionMapCallback
+from vit.checkpoint import CheckpointError
+from vit.checkpoint_io import AtomicCheckpointIO
 from vit.data import DataError, ImageClassificationData
-from vit.module import ViTClassifier
+from vit.module import NonFiniteLossError, ViTClassifier
 
 # Facts about the data that the model must agree with: taken from the DataModule, never typed twice.
 LINKED = ("num_classes", "img_size", "in_chans", "class_names", "mean", "std")
@@ -49,6 +56,12 @@ class ViTCLI(LightningCLI):
                 "last_checkpoint.enable_version_counter": False,
             }
         )
+        parser.add_argument(
+            "--checkpoint_every_n_steps",
+            type=int | None,
+            default=None,
+            help="also write last-step.ckpt every N training steps (default: every 5 minutes of training)",
+        )
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
         parser.add_lightning_class_args(AttentionMapCallback, "attention_maps")  # on in every config
@@ -61,14 +74,51 @@ class ViTCLI(LightningCLI):
         except ValueError as e:  # our constructors name the field and value: one line, no traceback
             sys.exit(f"error: {root_cause(e)}")
 
+    def instantiate_trainer(self, **kwargs):
+        return super().instantiate_trainer(plugins=[AtomicCheckpointIO()], **kwargs)
+
     def before_fit(self) -> None:
+        config = self.config[self.subcommand]
+        every = config.get("checkpoint_every_n_steps")
+        if every is not None and every < 1:
+            sys.exit(f"error: checkpoint_every_n_steps={every} must be >= 1")
+        # Mid-epoch checkpoints bound the work a kill can cost: by steps when asked, else by wall time.
+        step_ckpt = ModelCheckpoint(
+            filename="last-step",
+            monitor=None,
+            save_top_k=1,
+            enable_version_counter=False,
+            every_n_train_steps=every,
+            train_time_interval=None if every else timedelta(minutes=5),
+        )
+        self.trainer.callbacks.append(step_ckpt)
+        self._resume_in_place(config)
         if self.trainer.strategy.root_device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 matmuls for fp32 on Ampere and newer
         logger = self.trainer.logger
         run = f"{logger.name}/version_{logger.version}" if logger else "default"
+
         for cb in self.trainer.checkpoint_callbacks:
             cb.dirpath = str(Path("checkpoints", run).resolve())
         self._start = time.perf_counter()
+
+    def _resume_in_place(self, config) -> None:
+        """`--ckpt_path last`: the newest last*.ckpt of this run name; and for a checkpoint of checkpoints/<name>/
+        version_<n>/, logs and new checkpoints continue in version_<n>."""
+        ckpt, logger = config.get("ckpt_path"), self.trainer.logger
+        if not ckpt or logger is None:
+            return
+        if ckpt == "last":
+            found = sorted(
+                Path("checkpoints", logger.name).glob("version_*/last*.ckpt"), key=lambda p: p.stat().st_mtime
+            )
+            if not found:
+                sys.exit(f"error: --ckpt_path last: no last*.ckpt under checkpoints/{logger.name}/ to resume from")
+            ckpt = str(found[-1])
+            self.config_init[self.subcommand]["ckpt_path"] = ckpt
+        match = re.fullmatch(r"version_(\d+)", Path(ckpt).parent.name)
+        if match and Path(ckpt).parent.parent.name == logger.name:
+            logger._version = int(match.group(1))  # before anything asks the logger for its folder
 
     def after_fit(self) -> None:
         cbs = self.trainer.checkpoint_callbacks
@@ -103,7 +153,7 @@ def main(args=None) -> ViTCLI:
                 }
             },
         )
-    except DataError as e:
+    except (DataError, CheckpointError, NonFiniteLossError) as e:
         sys.exit(f"error: {e}")
 
 

@@ -85,11 +85,20 @@ class DeviceBatches:
         self.mean = torch.tensor(mean, dtype=torch.float32, device=images.device)[:, None, None] * 255
         self.std = torch.tensor(std, dtype=torch.float32, device=images.device)[:, None, None] * 255
         self.epoch = 0
+        self._next = 0  # index of the next batch of this epoch to hand out
+        self._resume_at = 0  # after load_state_dict: the batch to start the restored epoch at
         if train:  # Lightning calls `dataloader.sampler.set_epoch(epoch)` before every epoch (and on resume)
             self.sampler, self.batch_sampler = self, None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    def state_dict(self) -> dict:
+        """Where the epoch is, for a checkpoint saved mid-epoch (Lightning saves and restores stateful loaders)."""
+        return {"epoch": self.epoch, "next": self._next}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self._resume_at = int(state["epoch"]), int(state["next"])
 
     def _positions(self) -> torch.Tensor:
         n = len(self.images)
@@ -107,9 +116,13 @@ class DeviceBatches:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         device = self.images.device
         order = self._positions().to(device)
-        # One generator per (seed, epoch, rank): same seed => same batches, another epoch => other crops and flips.
-        g = torch.Generator(device=device).manual_seed(hash((self.seed, self.epoch, self.rank)) % 2**62)
-        for b in range(len(self)):
+        start, self._resume_at = self._resume_at, 0
+        g = torch.Generator(device=device)
+        for b in range(start, len(self)):
+            self._next = b + 1
+            # A generator per batch, seeded by (seed, epoch, rank, batch): same seed => same batches, another epoch
+            # => other crops and flips, and a resumed epoch continues exactly where it stopped.
+            g.manual_seed(hash((self.seed, self.epoch, self.rank, b)) % 2**62)
             idx = order[b * self.batch_size : (b + 1) * self.batch_size]
             x, y = self.images[idx], self.targets[idx]
             if self.train:
