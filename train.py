@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from vit.callbacks import AttentionMapCallback
-from vit.checkpoint import CheckpointError
+from vit.checkpoint import CheckpointError, load_checkpoint
 from vit.checkpoint_io import AtomicCheckpointIO
 from vit.data import DataError, ImageClassificationData
 from vit.module import NonFiniteLossError, ViTClassifier
@@ -67,6 +67,17 @@ class ViTCLI(LightningCLI):
         parser.add_lightning_class_args(AttentionMapCallback, "attention_maps")  # on in every config
         for field in LINKED:
             parser.link_arguments(f"data.{field}", f"model.{field}", apply_on="instantiate")
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI reads the checkpoint's hyper-parameters before anything else: check the file first, so that a
+        # missing, truncated or pickle-carrying checkpoint is one line (it is loaded with weights_only=True).
+        ckpt = self.config.get("subcommand") and self.config[self.config.subcommand].get("ckpt_path")
+        if ckpt and ckpt != "last":
+            try:
+                load_checkpoint(ckpt)
+            except CheckpointError as e:
+                sys.exit(f"error: {e}")
+        super()._parse_ckpt_path()
 
     def instantiate_classes(self) -> None:
         try:

@@ -1,0 +1,191 @@
+"""Crash and resume: SIGKILL a training subprocess mid-epoch and mid-checkpoint-write, resume, and end with the
+weights and the validation accuracy of an uninterrupted run (deterministic CPU)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import train
+from vit.checkpoint import load_checkpoint
+
+ROOT = Path(__file__).parent.parent
+ARGS = [
+    "fit",
+    "--config",
+    str(ROOT / "configs" / "smoke.yaml"),
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.max_epochs",
+    "3",
+    "--trainer.limit_train_batches",
+    "10",
+    "--checkpoint_every_n_steps",
+    "3",
+    "--trainer.deterministic",
+    "true",
+    "--model.drop_path_rate",
+    "0.2",
+    "--model.mixup_alpha",
+    "0.5",
+    "--attention_maps.every_n_epochs",
+    "100",
+]
+CKPTS = Path("checkpoints", "smoke", "version_0")
+
+# The child: the real train.main, slowed to ~0.15 s a step so that the parent can kill it at a chosen moment.
+CHILD = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {root!r})
+    import vit.checkpoint_io as io, vit.module as vm
+    step = vm.ViTClassifier.training_step
+    vm.ViTClassifier.training_step = lambda self, b, i: (time.sleep(0.15), step(self, b, i))[1]
+    if os.environ.get("PAUSE_IN_WRITE"):  # the Nth checkpoint write hangs after the data, before the rename
+        replace, calls = io.os.replace, [0]
+        def slow_replace(src, dst):
+            calls[0] += 1
+            if calls[0] == int(os.environ["PAUSE_IN_WRITE"]):
+                print("IN_WRITE", dst, flush=True)
+                time.sleep(60)
+            replace(src, dst)
+        io.os.replace = slow_replace
+    import train
+    train.main(sys.argv[1:])
+""")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("full")
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        train.main(ARGS)
+    finally:
+        os.chdir(cwd)
+    return root
+
+
+def _final(root: Path):
+    ckpt = load_checkpoint(root / CKPTS / "last.ckpt")
+    ea = EventAccumulator(str(root / "logs" / "smoke" / "version_0"))
+    ea.Reload()
+    return ckpt, [e.value for e in ea.Scalars("val/acc")]
+
+
+def _start(tmp_path: Path, env: dict | None = None) -> subprocess.Popen:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(root=str(ROOT)))
+    return subprocess.Popen(
+        [sys.executable, str(script), *ARGS],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _resume_and_compare(tmp_path: Path, uninterrupted: Path) -> None:
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        train.main([*ARGS, "--ckpt_path", "last"])
+    finally:
+        os.chdir(cwd)
+    ours, ours_acc = _final(tmp_path)
+    ref, ref_acc = _final(uninterrupted)
+    assert ours["global_step"] == ref["global_step"] == 30
+    for k, v in ref["state_dict"].items():
+        torch.testing.assert_close(ours["state_dict"][k], v, atol=1e-6, rtol=0, msg=k)
+    assert ours_acc[-1] == pytest.approx(ref_acc[-1], abs=1e-6)
+
+
+def test_killed_during_an_epoch_resumes_to_the_same_weights(tmp_path, uninterrupted):
+    child = _start(tmp_path)
+    step_ckpt = tmp_path / CKPTS / "last-step.ckpt"
+    deadline, seen = time.monotonic() + 120, set()
+    while time.monotonic() < deadline and len(seen) < 4:  # a few step checkpoints: we are in epoch 1
+        if step_ckpt.exists():
+            seen.add(step_ckpt.stat().st_mtime_ns)
+        time.sleep(0.02)
+    time.sleep(0.2)  # somewhere between two checkpoints
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL and len(seen) >= 4
+    step = load_checkpoint(step_ckpt)["global_step"]
+    assert 10 < step < 30  # a checkpoint from the middle of the run, mid-epoch
+    _resume_and_compare(tmp_path, uninterrupted)
+
+
+def test_killed_during_a_checkpoint_write_keeps_the_old_checkpoint_and_resumes(tmp_path, uninterrupted):
+    child = _start(tmp_path, {"PAUSE_IN_WRITE": "8"})
+    line = ""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "IN_WRITE" not in line:
+        line = child.stdout.readline()
+    target = Path(line.split()[1])
+    before = load_checkpoint(target)["global_step"]  # the previous version is whole and readable
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+    after = load_checkpoint(target)
+    assert after["global_step"] == before
+    assert list(target.parent.glob(f".{target.name}.*.tmp"))  # the half-written file never replaced it
+    _resume_and_compare(tmp_path, uninterrupted)
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):  # unpickling this would create the marker file
+        return (Path.touch, (Path(self.marker),))
+
+
+@pytest.mark.parametrize("case", ["missing", "truncated", "pickle_payload"])
+def test_resume_from_a_bad_checkpoint_is_one_line(case, tmp_path, uninterrupted, monkeypatch):
+    bad, marker = tmp_path / "bad.ckpt", tmp_path / "PWNED"
+    if case == "truncated":
+        bad.write_bytes((uninterrupted / CKPTS / "last.ckpt").read_bytes()[:3000])
+    elif case == "pickle_payload":
+        data = load_checkpoint(uninterrupted / CKPTS / "last.ckpt")
+        data["hyper_parameters"]["payload"] = _Payload(marker)
+        torch.save(data, bad)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        train.main([*ARGS, "--ckpt_path", str(bad)])
+    message = str(e.value.code)
+    assert message.startswith("error: ") and str(bad) in message and "\n" not in message
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_non_finite_loss_stops_naming_the_step_or_is_skipped(skip, tmp_path, monkeypatch):
+    import vit.module as vm
+
+    forward = vm.ViTClassifier.forward
+
+    def poisoned(self, x):  # NaN logits at global step 5 only
+        out = forward(self, x)
+        return out * float("nan") if self.training and self.global_step == 5 else out
+
+    monkeypatch.setattr(vm.ViTClassifier, "forward", poisoned)
+    monkeypatch.chdir(tmp_path)
+    args = [*ARGS, "--model.skip_nonfinite", str(skip).lower(), "--trainer.max_epochs", "1"]
+    if skip:
+        cli = train.main(args)
+        # Lightning still counts the step (its closure returned None: no backward, no update), and we log it
+        assert cli.trainer.callback_metrics["train/skipped_nonfinite"].item() == 1.0
+        assert torch.isfinite(torch.cat([p.flatten() for p in cli.model.parameters()])).all()
+    else:
+        with pytest.raises(SystemExit) as e:
+            train.main(args)
+        assert str(e.value.code).startswith("error: non-finite loss (nan) at step 5 (epoch 0, batch 5)")
+        assert load_checkpoint(tmp_path / CKPTS / "last-step.ckpt")["global_step"] == 3  # intact, before the NaN
