@@ -3,6 +3,8 @@ PYTHON ?= python3.11
 PY := .venv/bin/python
 CONFIG ?= configs/digits.yaml
 ARGS ?=
+# RESUME=1: continue the newest run of CONFIG from its last checkpoint (last.ckpt or the mid-epoch last-step.ckpt)
+RESUME ?=
 
 .PHONY: train test lint clean
 
@@ -13,7 +15,7 @@ ARGS ?=
 	touch $@
 
 train: .venv/.installed
-	$(PY) train.py fit --config $(CONFIG) $(ARGS)
+	$(PY) train.py fit --config $(CONFIG) $(if $(RESUME),--ckpt_path last) $(ARGS)
 
 test: .venv/.installed
 	$(PY) -m pytest

@@ -18,6 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
+from jsonargparse import ArgumentError
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
@@ -157,6 +158,8 @@ def main(args=None) -> ViTCLI:
             subclass_mode_data=True,
             args=args,
             save_config_kwargs={"overwrite": True},
+            # raise instead of printing the whole usage: main() prints one line naming the key and the value
+            parser_kwargs={"exit_on_error": False},
             trainer_defaults={
                 "logger": {
                     "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
@@ -166,6 +169,8 @@ def main(args=None) -> ViTCLI:
         )
     except (DataError, CheckpointError, NonFiniteLossError) as e:
         sys.exit(f"error: {e}")
+    except ArgumentError as e:  # jsonargparse: wrong type, unknown key, bad YAML
+        sys.exit(f"error: {' '.join(str(e).split())} (train.py fit --help lists the options)")
 
 
 if __name__ == "__main__":

@@ -192,3 +192,44 @@ def test_digits_augmentation_crops_but_never_flips():
     assert any(not torch.allclose(v, raw, atol=1e-5) for v in views)  # crops move the digit
     flipped = raw.flip(-1)
     assert not any(torch.allclose(v, flipped, atol=1e-5) for v in views)
+
+
+def _bad_files(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "text.png").write_text("not an image")
+    (folder / "zero.jpg").write_bytes(b"")
+    good = folder / "good.png"
+    Image.fromarray(np.zeros((20, 20, 3), dtype=np.uint8)).save(good)
+    (folder / "truncated.png").write_bytes(good.read_bytes()[:40])
+
+
+def test_image_folder_skips_and_lists_bad_files(tmp_path, caplog):
+    for c in ("a", "b"):
+        _write_images(tmp_path / c, 5, "RGB", (24, 24), ord(c))
+    _bad_files(tmp_path / "a")
+    with caplog.at_level("WARNING", logger="vit.data"):
+        dm = ImageFolderDataModule(str(tmp_path), num_workers=0)
+        dm.setup("fit")
+    assert len(dm.train_set) + len(dm.val_set) == 11  # 5 + 5 + the good one
+    skipped = [r.message for r in caplog.records if r.message.startswith("skipping")]
+    assert len(skipped) == 3 and any("zero.jpg: not an image" in m for m in skipped)
+    assert any("truncated.png" in m for m in skipped)
+
+
+def test_image_folder_strict_stops_before_training(tmp_path):
+    for c in ("a", "b"):
+        _write_images(tmp_path / c, 3, "RGB", (24, 24), ord(c))
+    _bad_files(tmp_path / "b")
+    dm = ImageFolderDataModule(str(tmp_path), num_workers=0, strict=True)
+    with pytest.raises(DataError, match=r"3 unreadable image\(s\) and strict=true: .*text.png: not an image"):
+        dm.setup("fit")
+
+
+def test_an_empty_class_folder_is_an_error(tmp_path):
+    _write_images(tmp_path / "train" / "a", 3, "RGB", (24, 24), 0)
+    (tmp_path / "train" / "empty").mkdir()
+    (tmp_path / "train" / "empty" / "broken.png").write_text("x")
+    _write_images(tmp_path / "val" / "a", 2, "RGB", (24, 24), 1)
+    dm = ImageFolderDataModule(str(tmp_path), num_workers=0)
+    with pytest.raises(DataError, match=r"class folder\(s\) \['empty'\] hold no usable image"):
+        dm.setup("fit")

@@ -126,3 +126,21 @@ def test_fit_trains_on_a_folder_of_mixed_images(in_tmp):
     )
     assert cli.model.hparams.class_names == ["a", "b", "c"]
     assert (in_tmp / "checkpoints" / "folder" / "version_0" / "last.ckpt").is_file()
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--model.depth", "abc"], "error: Parser key \"model.depth\": Expected a <class 'int'>. Got value: abc"),
+        (["--model.foo", "3"], "error: unrecognized arguments: --model.foo 3"),
+        (["--model.drop_path_rate", "-0.5"], "error: drop_path_rate=-0.5 must be in [0, 1)"),
+        (["--model.num_heads", "5"], "error: embed_dim=32 is not divisible by num_heads=5"),
+        (["--data.init_args.batch_size", "0"], "error: batch_size=0 must be >= 1"),
+    ],
+)
+def test_bad_configuration_fails_before_any_work_with_one_line(args, expected, in_tmp):
+    with pytest.raises(SystemExit) as e:
+        train.main(["fit", "--config", SMOKE, *args])
+    message = str(e.value.code)
+    assert message.startswith(expected) and "\n" not in message
+    assert not (in_tmp / "checkpoints").exists() and not (in_tmp / "logs").exists()

@@ -5,6 +5,9 @@ preprocess an image the way training did: `num_classes`, `class_names`, `img_siz
 `train.py` links these into the LightningModule, which stores them in every checkpoint as plain types.
 """
 
+import copy
+import logging
+import warnings
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -21,6 +24,7 @@ from torchvision.transforms import v2
 
 from vit.device_data import DeviceBatches
 
+log = logging.getLogger(__name__)
 AutoAugment = Literal["none", "randaugment", "trivialaugment", "autoaugment"]
 
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -68,6 +72,43 @@ def augment_policy(name: AutoAugment, autoaugment_policy=v2.AutoAugmentPolicy.IM
     if name not in policies:
         raise ValueError(f"auto_augment={name!r} is not one of {['none', *policies]}")
     return policies[name]()
+
+
+def read_image(path: str | Path) -> Image.Image:
+    """load_image, with PIL's decompression-bomb warning (huge declared size) raised as an error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        return load_image(path)
+
+
+def describe(e: BaseException) -> str:
+    """A short reason for a failed image."""
+    if isinstance(e, FileNotFoundError):
+        return "no such file"
+    if isinstance(e, IsADirectoryError):
+        return "is a folder"
+    if isinstance(e, PermissionError):
+        return "permission denied"
+    if isinstance(e, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
+        return f"refused: declared size too large (decompression bomb?): {e}".split(". ")[0]
+    if isinstance(e, Image.UnidentifiedImageError):
+        return "not an image (or an empty file)"
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def check_images(paths: list[str], workers: int = 4) -> list[tuple[str, str]]:
+    """Decode every image once (threads: PIL releases the GIL); return (path, reason) for each one that fails."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def check(path: str) -> str | None:
+        try:
+            read_image(path)
+        except Exception as e:  # any failure is a reason to report, never a crash of the run
+            return describe(e)
+        return None
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return [(p, r) for p, r in zip(paths, pool.map(check, paths)) if r is not None]
 
 
 def train_transform(
@@ -301,7 +342,11 @@ class CIFARDataModule(ImageClassificationData):
 
 class ImageFolderDataModule(ImageClassificationData):
     """Your own images: `root/train/<class>/*` and `root/val/<class>/*`, or `root/<class>/*` split into train and
-    val by `val_fraction` and `split_seed`. Any size and mode (grayscale, RGBA, palette, 16-bit) is converted to RGB."""
+    val by `val_fraction` and `split_seed`. Any size and mode (grayscale, RGBA, palette, 16-bit) is converted to RGB.
+
+    At setup every image is decoded once (`check_images`): corrupt, empty, non-image files and decompression bombs
+    are listed with the reason and skipped, or with `strict` the run stops before training. A class left with no
+    image is an error either way."""
 
     def __init__(
         self,
@@ -315,8 +360,11 @@ class ImageFolderDataModule(ImageClassificationData):
         auto_augment: AutoAugment = "none",
         mean: tuple[float, float, float] = IMAGENET_MEAN,
         std: tuple[float, float, float] = IMAGENET_STD,
+        check_images: bool = True,
+        strict: bool = False,
     ):
         super().__init__(batch_size, num_workers)
+        self.check_images, self.strict = check_images, strict
         self.root = Path(root)
         if not self.root.is_dir():
             raise DataError(f"data.root={root!r} is not a folder")
@@ -353,9 +401,25 @@ class ImageFolderDataModule(ImageClassificationData):
         )
         # Map val's classes onto train's indices (val may lack a class that train has).
         ds.samples = [(p, to_idx[ds.classes[t]]) for p, t in ds.samples]
-        ds.targets = [t for _, t in ds.samples]
         if not ds.samples:
             raise DataError(f"{folder}: no images with extensions {IMG_EXTENSIONS}")
+        if self.check_images:
+            bad = check_images([p for p, _ in ds.samples])
+            if bad:
+                listing = "; ".join(f"{p}: {r}" for p, r in bad[:5]) + (
+                    f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
+                )
+                if self.strict:
+                    raise DataError(f"{folder}: {len(bad)} unreadable image(s) and strict=true: {listing}")
+                for p, r in bad:
+                    log.warning(f"skipping {p}: {r}")
+                skip = {p for p, _ in bad}
+                ds.samples = [(p, t) for p, t in ds.samples if p not in skip]
+        ds.targets = [t for _, t in ds.samples]
+        if folder == self.train_dir:
+            empty = [c for i, c in enumerate(self.class_names) if i not in set(ds.targets)]
+            if empty:
+                raise DataError(f"{folder}: class folder(s) {empty} hold no usable image")
         return ds
 
     def setup(self, stage: str | None = None) -> None:
@@ -367,7 +431,9 @@ class ImageFolderDataModule(ImageClassificationData):
             return
         # Two dataset objects (train and eval transforms) over one permutation: a random_split of one dataset would
         # give validation the training augmentation.
-        train_ds, val_ds = self._folder(self.train_dir, self.train_tf), self._folder(self.train_dir, self.eval_tf)
+        train_ds = self._folder(self.train_dir, self.train_tf)
+        val_ds = copy.copy(train_ds)  # the same checked file list, with the evaluation transform
+        val_ds.transform = self.eval_tf
         perm = torch.randperm(len(train_ds), generator=torch.Generator().manual_seed(self.split_seed)).tolist()
         n_val = max(1, round(len(perm) * self.val_fraction))
         if n_val >= len(perm):

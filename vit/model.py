@@ -8,6 +8,7 @@ so that state dicts map onto timm's one to one.
     logits = model(images)  # (B, 3, 32, 32) -> (B, 10)
 """
 
+import math
 from functools import partial
 from typing import Literal
 
@@ -192,6 +193,7 @@ class VisionTransformer(nn.Module):
             drop_rate=drop_rate,
             attn_drop_rate=attn_drop_rate,
             drop_path_rate=drop_path_rate,
+            init_values=init_values,
         )
         norm = get_norm_layer(norm_layer)
         self.num_classes = num_classes
@@ -285,19 +287,30 @@ class VisionTransformer(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _check_config(**cfg) -> None:
     """Raise ValueError naming the field and value for a configuration that cannot build a model."""
     for name in ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
-        if not isinstance(cfg[name], int) or cfg[name] < 1:
+        if not isinstance(cfg[name], int) or isinstance(cfg[name], bool) or cfg[name] < 1:
             raise ValueError(f"{name}={cfg[name]!r} must be a positive integer")
-    if cfg["num_classes"] < 0:
-        raise ValueError(f"num_classes={cfg['num_classes']} must be >= 0")
+    if not isinstance(cfg["num_classes"], int) or isinstance(cfg["num_classes"], bool) or cfg["num_classes"] < 0:
+        raise ValueError(f"num_classes={cfg['num_classes']!r} must be an integer >= 0")
     if cfg["img_size"] % cfg["patch_size"]:
         raise ValueError(f"img_size={cfg['img_size']} is not divisible by patch_size={cfg['patch_size']}")
     if cfg["embed_dim"] % cfg["num_heads"]:
         raise ValueError(f"embed_dim={cfg['embed_dim']} is not divisible by num_heads={cfg['num_heads']}")
-    if cfg["mlp_ratio"] <= 0:
-        raise ValueError(f"mlp_ratio={cfg['mlp_ratio']} must be > 0")
+    if (
+        not _is_number(cfg["mlp_ratio"])
+        or not 0 < cfg["mlp_ratio"] <= 64
+        or int(cfg["embed_dim"] * cfg["mlp_ratio"]) < 1
+    ):
+        raise ValueError(f"mlp_ratio={cfg['mlp_ratio']!r} must be a number in (0, 64] giving at least one hidden unit")
+    params = cfg["depth"] * cfg["embed_dim"] ** 2 * (4 + 2 * cfg["mlp_ratio"])  # attention 4 D^2, MLP 2 r D^2
+    if params > 2e10:
+        raise ValueError(f"embed_dim={cfg['embed_dim']}, depth={cfg['depth']}: {params:.1e} parameters would not fit")
     if cfg["pos_embed"] not in ("learned", "sincos2d"):
         raise ValueError(f"pos_embed={cfg['pos_embed']!r} is not one of ['learned', 'sincos2d']")
     if cfg["pos_embed"] == "sincos2d" and cfg["embed_dim"] % 4:
@@ -305,5 +318,7 @@ def _check_config(**cfg) -> None:
     if cfg["global_pool"] not in ("avg", "token"):
         raise ValueError(f"global_pool={cfg['global_pool']!r} is not one of ['avg', 'token']")
     for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
-        if not 0.0 <= cfg[name] < 1.0:
-            raise ValueError(f"{name}={cfg[name]} must be in [0, 1)")
+        if not _is_number(cfg[name]) or not 0.0 <= cfg[name] < 1.0:
+            raise ValueError(f"{name}={cfg[name]!r} must be in [0, 1)")
+    if cfg["init_values"] is not None and (not _is_number(cfg["init_values"]) or cfg["init_values"] <= 0):
+        raise ValueError(f"init_values={cfg['init_values']!r} must be a number > 0, or null for no LayerScale")

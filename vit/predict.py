@@ -15,17 +15,15 @@ import io
 import json
 import os
 import sys
-import warnings
 from pathlib import Path
 
 import torch
-from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from vit.checkpoint import CheckpointError, load_model
-from vit.data import eval_geometry, load_image
+from vit.data import describe, eval_geometry, read_image
 
 FORMATS = ("table", "json", "csv")
 
@@ -46,28 +44,6 @@ def expand_inputs(inputs: list[str]) -> list[str]:
         else:
             paths.append(item)
     return list(dict.fromkeys(paths))  # no duplicates, order kept
-
-
-def read_image(path: str) -> Image.Image:
-    """load_image, with PIL's decompression-bomb warning (huge declared size) raised as an error."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
-        return load_image(path)
-
-
-def describe(e: BaseException) -> str:
-    """A short reason for a failed image."""
-    if isinstance(e, FileNotFoundError):
-        return "no such file"
-    if isinstance(e, IsADirectoryError):
-        return "is a folder"
-    if isinstance(e, PermissionError):
-        return "permission denied"
-    if isinstance(e, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
-        return f"refused: declared size too large (decompression bomb?): {e}".split(". ")[0]
-    if isinstance(e, Image.UnidentifiedImageError):
-        return "not an image (or an empty file)"
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 class ImageFiles(Dataset):
