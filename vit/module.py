@@ -240,6 +240,9 @@ class ViTClassifier(L.LightningModule):
             ],
             lr=hp.lr,
             betas=tuple(hp.betas),
+            # fused: one kernel for all parameters; on CPU the default is a Python loop per tensor (measured 0.7 s of
+            # an 8.7 s digits run in _single_tensor_adam)
+            fused=True,
         )
         total = max(1, int(self.trainer.estimated_stepping_batches))
         steps_per_epoch = total / max(1, self.trainer.max_epochs or 1)
