@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from timm.layers import resample_abs_pos_embed, resample_patch_embed
+from timm.layers import Mlp, resample_abs_pos_embed, resample_patch_embed
 
 from vit.model import VisionTransformer
 
@@ -199,6 +199,16 @@ def to_timm(model: VisionTransformer):
     import timm
 
     blk = model.blocks[0]
+    if (
+        blk.attn.num_kv_heads != blk.attn.num_heads
+        or blk.post_norm
+        or model.attn_pattern[0] != "global"
+        or not isinstance(blk.mlp, Mlp)
+    ):
+        raise InteropError(
+            "timm's VisionTransformer has no grouped-query attention, attention patterns, Post-Norm "
+            "or SwiGLU here: only the plain model converts"
+        )
     norm = blk.norm1
     norm_layer = nn.RMSNorm if isinstance(norm, nn.RMSNorm) else nn.LayerNorm
     out = timm.models.VisionTransformer(

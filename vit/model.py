@@ -15,11 +15,14 @@ from typing import Literal
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import DropPath, LayerScale, Mlp, resample_abs_pos_embed, trunc_normal_
+from timm.layers import DropPath, LayerScale, Mlp, SwiGLU, resample_abs_pos_embed, trunc_normal_
 
 NormName = Literal["layernorm", "rmsnorm"]
 PosEmbedName = Literal["learned", "sincos2d"]
 PoolName = Literal["avg", "token"]
+AttnPattern = Literal["global", "local", "dilated", "sparse"]
+MlpName = Literal["mlp", "swiglu"]
+NormPosition = Literal["pre", "post"]
 
 
 def get_norm_layer(name: str) -> type[nn.Module]:
@@ -45,6 +48,40 @@ def sincos_2d_pos_embed(grid_h: int, grid_w: int, dim: int, temperature: float =
     y = y.flatten()[:, None] * omega[None, :]  # (N, dim/4)
     x = x.flatten()[:, None] * omega[None, :]
     return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)[None]
+
+
+def attention_pattern_mask(
+    grid: tuple[int, int],
+    pattern: str,
+    window: int = 3,
+    dilation: int = 2,
+    global_tokens: int = 1,
+    num_prefix_tokens: int = 0,
+) -> torch.Tensor:
+    """Which token may attend to which, over a 2D patch grid: (T, T) bool, T = prefix + gh * gw, True = allowed.
+
+    local: a window x window square around the query patch. dilated: the patches at multiples of `dilation` rows
+    and columns away (atrous). sparse: local or dilated, plus `global_tokens` global patches (the first, row-major)
+    that attend to and are attended by every patch. Prefix tokens (the class token) are always global.
+    """
+    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+    dr = rows.flatten()[:, None] - rows.flatten()[None, :]  # (N, N) row offset of key from query
+    dc = cols.flatten()[:, None] - cols.flatten()[None, :]
+    local = (dr.abs() <= window // 2) & (dc.abs() <= window // 2)
+    dilated = (dr % dilation == 0) & (dc % dilation == 0)
+    if pattern == "local":
+        allowed = local
+    elif pattern == "dilated":
+        allowed = dilated
+    elif pattern == "sparse":
+        glob = torch.arange(dr.shape[0]) < global_tokens
+        allowed = local | dilated | glob[None, :] | glob[:, None]
+    else:
+        raise ValueError(f"attn_pattern={pattern!r} is not one of ['global', 'local', 'dilated', 'sparse']")
+    p = num_prefix_tokens
+    mask = torch.ones(p + dr.shape[0], p + dr.shape[0], dtype=torch.bool)
+    mask[p:, p:] = allowed
+    return mask
 
 
 class PatchEmbed(nn.Module):
@@ -81,13 +118,16 @@ class Attention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         norm_layer: type[nn.Module] = nn.LayerNorm,
+        num_kv_heads: int | None = None,
     ):
         super().__init__()
         self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads or num_heads  # < num_heads: grouped-query attention; 1: multi-query
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
         self.fused_attn = True
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        # q, then k and v for the kv heads only: [H * Dh | KV * Dh | KV * Dh] (timm's fused qkv layout when KV == H)
+        self.qkv = nn.Linear(dim, (num_heads + 2 * self.num_kv_heads) * self.head_dim, bias=qkv_bias)
         # One norm over head_dim shared by all heads (timm's qk_norm), applied before the dot product.
         self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
@@ -96,19 +136,32 @@ class Attention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v of shape (B, H, N, Dh), q and k normalised."""
+        """q (B, H, N, Dh) and k, v (B, KV, N, Dh), q and k normalised."""
         B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, N, Dh)
-        q, k, v = qkv.unbind(0)
+        H, KV, Dh = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v = self.qkv(x).split([H * Dh, KV * Dh, KV * Dh], dim=-1)
+        q = q.reshape(B, N, H, Dh).transpose(1, 2)  # (B, N, H * Dh) -> (B, H, N, Dh)
+        k = k.reshape(B, N, KV, Dh).transpose(1, 2)
+        v = v.reshape(B, N, KV, Dh).transpose(1, 2)
         return self.q_norm(q), self.k_norm(k), v
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, N, D); attn_mask (N, N) bool, True where a query may attend to a key."""
         B, N, C = x.shape
         q, k, v = self.qkv_heads(x)
+        gqa = self.num_kv_heads != self.num_heads
         if self.fused_attn:
-            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+            # enable_gqa: SDPA shares each kv head across its group of query heads without copying it
+            x = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, enable_gqa=gqa, dropout_p=self.attn_drop.p if self.training else 0.0
+            )
         else:
+            if gqa:
+                group = self.num_heads // self.num_kv_heads
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, N, Dh)
             attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
+            if attn_mask is not None:
+                attn = attn.masked_fill(~attn_mask, float("-inf"))
             attn = self.attn_drop(attn.softmax(dim=-1))
             x = attn @ v
         x = x.transpose(1, 2).reshape(B, N, C)  # (B, H, N, Dh) -> (B, N, D)
@@ -116,7 +169,7 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-Norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)), with LayerScale and DropPath."""
+    """Transformer block: Pre-Norm x + attn(norm1(x)), then x + mlp(norm2(x)) (or Post-Norm), LayerScale, DropPath."""
 
     def __init__(
         self,
@@ -130,19 +183,30 @@ class Block(nn.Module):
         drop_path: float = 0.0,
         init_values: float | None = None,
         norm_layer: type[nn.Module] = nn.LayerNorm,
+        num_kv_heads: int | None = None,
+        mlp_layer: str = "mlp",
+        norm_position: str = "pre",
     ):
         super().__init__()
+        self.post_norm = norm_position == "post"
         self.norm1 = norm_layer(dim)
-        self.attn = Attention(dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, norm_layer)
+        self.attn = Attention(dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, norm_layer, num_kv_heads)
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm_layer(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+        hidden = int(dim * mlp_ratio)
+        if mlp_layer == "swiglu":  # three matrices instead of two: 2/3 of the hidden size keeps the parameter count
+            self.mlp = SwiGLU(dim, max(1, round(hidden * 2 / 3)), act_layer=nn.SiLU, drop=proj_drop)
+        else:
+            self.mlp = Mlp(dim, hidden, act_layer=nn.GELU, drop=proj_drop)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.post_norm:  # the original Transformer's order: normalise after each residual sum
+            x = self.norm1(x + self.drop_path1(self.ls1(self.attn(x, attn_mask))))
+            return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
@@ -177,6 +241,13 @@ class VisionTransformer(nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         init_values: float | None = None,
+        num_kv_heads: int | None = None,
+        attn_pattern: AttnPattern = "global",
+        attn_window: int = 3,
+        attn_dilation: int = 2,
+        attn_global_tokens: int = 1,
+        mlp_layer: MlpName = "mlp",
+        norm_position: NormPosition = "pre",
     ):
         super().__init__()
         _check_config(
@@ -194,6 +265,13 @@ class VisionTransformer(nn.Module):
             attn_drop_rate=attn_drop_rate,
             drop_path_rate=drop_path_rate,
             init_values=init_values,
+            num_kv_heads=num_kv_heads,
+            attn_pattern=attn_pattern,
+            attn_window=attn_window,
+            attn_dilation=attn_dilation,
+            attn_global_tokens=attn_global_tokens,
+            mlp_layer=mlp_layer,
+            norm_position=norm_position,
         )
         norm = get_norm_layer(norm_layer)
         self.num_classes = num_classes
@@ -212,8 +290,10 @@ class VisionTransformer(nn.Module):
             self.register_buffer("pos_embed", sincos_2d_pos_embed(*self.grid_size, embed_dim), persistent=False)
         self.pos_drop = nn.Dropout(drop_rate)
         dpr = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth grows with depth
-        self.blocks = nn.Sequential(
-            *[
+        self.attn_pattern = (attn_pattern, attn_window, attn_dilation, attn_global_tokens)
+        self._masks: dict = {}  # (grid, device) -> mask: built once per input size
+        self.blocks = nn.ModuleList(
+            [
                 Block(
                     embed_dim,
                     num_heads,
@@ -225,6 +305,9 @@ class VisionTransformer(nn.Module):
                     dpr[i],
                     init_values,
                     norm,
+                    num_kv_heads,
+                    mlp_layer,
+                    norm_position,
                 )
                 for i in range(depth)
             ]
@@ -267,6 +350,15 @@ class VisionTransformer(nn.Module):
             self.pos_embed, new_size=list(grid), old_size=list(self.grid_size), num_prefix_tokens=0
         )
 
+    def attn_mask_for(self, grid: tuple[int, int], device: torch.device) -> torch.Tensor | None:
+        """The (T, T) attention mask of `attn_pattern` for a patch grid (None for global attention)."""
+        if self.attn_pattern[0] == "global":
+            return None
+        key = (grid, device)
+        if key not in self._masks:
+            self._masks[key] = attention_pattern_mask(grid, *self.attn_pattern, self.num_prefix_tokens).to(device)
+        return self._masks[key]
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> tokens (B, prefix + N, D) after the final norm."""
         x, grid = self.patch_embed(x)
@@ -274,7 +366,9 @@ class VisionTransformer(nn.Module):
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         x = self.pos_drop(x)
-        x = self.blocks(x)
+        mask = self.attn_mask_for(grid, x.device)
+        for blk in self.blocks:
+            x = blk(x, mask)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -322,3 +416,17 @@ def _check_config(**cfg) -> None:
             raise ValueError(f"{name}={cfg[name]!r} must be in [0, 1)")
     if cfg["init_values"] is not None and (not _is_number(cfg["init_values"]) or cfg["init_values"] <= 0):
         raise ValueError(f"init_values={cfg['init_values']!r} must be a number > 0, or null for no LayerScale")
+    kv = cfg["num_kv_heads"]
+    if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or cfg["num_heads"] % kv):
+        raise ValueError(f"num_kv_heads={kv!r} must be a positive divisor of num_heads={cfg['num_heads']}")
+    if cfg["attn_pattern"] not in ("global", "local", "dilated", "sparse"):
+        raise ValueError(f"attn_pattern={cfg['attn_pattern']!r} is not one of ['global', 'local', 'dilated', 'sparse']")
+    for name in ("attn_window", "attn_dilation"):
+        if not isinstance(cfg[name], int) or isinstance(cfg[name], bool) or cfg[name] < 1:
+            raise ValueError(f"{name}={cfg[name]!r} must be a positive integer")
+    if not isinstance(cfg["attn_global_tokens"], int) or cfg["attn_global_tokens"] < 0:
+        raise ValueError(f"attn_global_tokens={cfg['attn_global_tokens']!r} must be an integer >= 0")
+    if cfg["mlp_layer"] not in ("mlp", "swiglu"):
+        raise ValueError(f"mlp_layer={cfg['mlp_layer']!r} is not one of ['mlp', 'swiglu']")
+    if cfg["norm_position"] not in ("pre", "post"):
+        raise ValueError(f"norm_position={cfg['norm_position']!r} is not one of ['pre', 'post']")

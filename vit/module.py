@@ -18,7 +18,7 @@ from timm.loss import SoftTargetCrossEntropy
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit.interop import load_timm_weights
-from vit.model import NormName, PoolName, PosEmbedName, VisionTransformer
+from vit.model import AttnPattern, MlpName, NormName, NormPosition, PoolName, PosEmbedName, VisionTransformer
 
 MODEL_ARGS = tuple(inspect.signature(VisionTransformer).parameters)
 
@@ -67,6 +67,13 @@ class ViTClassifier(L.LightningModule):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.1,
         init_values: float | None = None,
+        num_kv_heads: int | None = None,
+        attn_pattern: AttnPattern = "global",
+        attn_window: int = 3,
+        attn_dilation: int = 2,
+        attn_global_tokens: int = 1,
+        mlp_layer: MlpName = "mlp",
+        norm_position: NormPosition = "pre",
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),

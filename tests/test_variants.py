@@ -1,0 +1,147 @@
+"""Attention and block variants, each against a plain reference written here, through both attention paths, and
+trained end to end from its config."""
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import train
+from vit.attention_maps import capture_attention
+from vit.checkpoint import load_model
+from vit.model import Attention, Block, VisionTransformer, attention_pattern_mask
+
+ROOT = Path(__file__).parent.parent
+VARIANTS = sorted((ROOT / "configs" / "variants").glob("*.yaml"))
+SMALL = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5)
+
+
+@pytest.mark.parametrize("kv", [1, 2, 4])
+def test_grouped_query_attention_matches_a_per_head_loop(kv):
+    attn = Attention(32, num_heads=4, num_kv_heads=kv).eval()
+    assert attn.qkv.out_features == (4 + 2 * kv) * 8  # kv heads are not stored per query head
+    x = torch.randn(2, 6, 32)
+    q, k, v = attn.qkv_heads(x)
+    heads = []
+    for h in range(4):  # query head h reads kv head h // (4 / kv)
+        g = h // (4 // kv)
+        w = torch.softmax(q[:, h] @ k[:, g].transpose(-2, -1) / math.sqrt(8), dim=-1)
+        heads.append(w @ v[:, g])
+    ref = attn.proj(torch.stack(heads, 1).transpose(1, 2).reshape(2, 6, 32))
+    for fused in (True, False):
+        attn.fused_attn = fused
+        torch.testing.assert_close(attn(x), ref, atol=1e-5, rtol=0)
+
+
+def _reference_allowed(grid, pattern, window, dilation, global_tokens, qr, qc, kr, kc):
+    local = abs(qr - kr) <= window // 2 and abs(qc - kc) <= window // 2
+    dilated = (qr - kr) % dilation == 0 and (qc - kc) % dilation == 0
+    if pattern == "local":
+        return local
+    if pattern == "dilated":
+        return dilated
+    qi, ki = qr * grid[1] + qc, kr * grid[1] + kc
+    return local or dilated or qi < global_tokens or ki < global_tokens
+
+
+@pytest.mark.parametrize("pattern", ["local", "dilated", "sparse"])
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_pattern_masks_match_a_loop_over_query_patches(pattern, prefix):
+    grid, window, dilation, glob = (4, 5), 3, 2, 2
+    mask = attention_pattern_mask(grid, pattern, window, dilation, glob, prefix)
+    assert mask.shape == (prefix + 20, prefix + 20)
+    assert mask[:prefix].all() and mask[:, :prefix].all()  # the class token is global
+    for qi in range(20):
+        for ki in range(20):
+            expect = _reference_allowed(grid, pattern, window, dilation, glob, *divmod(qi, 5), *divmod(ki, 5))
+            assert bool(mask[prefix + qi, prefix + ki]) == expect, (qi, ki)
+
+
+VARIANT_MODELS = {
+    "gqa": dict(num_kv_heads=2),
+    "mqa": dict(num_kv_heads=1),
+    "local": dict(attn_pattern="local", img_size=48),
+    "dilated": dict(attn_pattern="dilated", global_pool="token"),
+    "sparse": dict(attn_pattern="sparse", attn_global_tokens=2, num_kv_heads=2),
+    "swiglu": dict(mlp_layer="swiglu"),
+    "rmsnorm": dict(norm_layer="rmsnorm"),
+    "postnorm": dict(norm_position="post"),
+}
+
+
+@pytest.mark.parametrize("name", VARIANT_MODELS)
+def test_fused_and_manual_paths_agree_and_maps_can_be_drawn(name):
+    cfg = {**SMALL, **VARIANT_MODELS[name]}
+    model = VisionTransformer(**cfg)
+    x = torch.randn(3, 3, cfg["img_size"], cfg["img_size"])
+    outs = []
+    for fused in (True, False):
+        model.set_fused_attn(fused)
+        model.zero_grad()
+        out = model(x)
+        out.square().sum().backward()
+        outs.append((out.detach(), [p.grad.clone() for p in model.parameters()]))
+    torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=0)
+    for a, b in zip(outs[0][1], outs[1][1]):  # gradients of a sum of squares reach ~10: relative tolerance
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-3)
+    attns, _ = capture_attention(model.eval(), x)  # what the attention-map callback draws
+    n = (cfg["img_size"] // 8) ** 2 + (cfg.get("global_pool") == "token")
+    assert all(a.shape == (3, 4, n, n) for a in attns)
+    torch.testing.assert_close(attns[0].sum(-1), torch.ones(3, 4, n))
+    mask = model.attn_mask_for(((cfg["img_size"] // 8),) * 2, x.device)
+    if mask is not None:
+        assert (attns[0][:, :, ~mask] == 0).all()  # nothing leaks outside the pattern
+
+
+def test_swiglu_keeps_the_parameter_count_and_matches_its_formula():
+    mlp = Block(48, 4, mlp_layer="mlp").mlp
+    glu = Block(48, 4, mlp_layer="swiglu").mlp
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert abs(count(glu) - count(mlp)) / count(mlp) < 0.02
+    x = torch.randn(2, 5, 48)
+    ref = glu.fc2(F.silu(glu.fc1_g(x)) * glu.fc1_x(x))
+    torch.testing.assert_close(glu(x), ref)
+
+
+def test_rmsnorm_matches_its_formula():
+    model = VisionTransformer(**SMALL, norm_layer="rmsnorm")
+    norm = model.blocks[0].norm1
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 5, 32)
+    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight
+    torch.testing.assert_close(norm(x), ref)
+    assert isinstance(model.blocks[0].attn.q_norm, torch.nn.RMSNorm)
+
+
+def test_post_norm_block_matches_its_formula():
+    blk = Block(32, 4, norm_position="post").eval()
+    x = torch.randn(2, 5, 32)
+    h = blk.norm1(x + blk.attn(x))
+    torch.testing.assert_close(blk(x), blk.norm2(h + blk.mlp(h)))
+
+
+@pytest.mark.parametrize("config", VARIANTS, ids=lambda p: p.stem)
+def test_every_variant_trains_end_to_end_from_its_config(config, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli = train.main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "configs" / "smoke.yaml"),
+            "--config",
+            str(config),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.max_epochs",
+            "1",
+        ]
+    )
+    model, _ = load_model(tmp_path / "checkpoints" / "smoke" / "version_0" / "last.ckpt")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), cli.model.model.eval()(x), atol=1e-6, rtol=0)
+    assert os.path.isdir(tmp_path / "logs" / "smoke" / "version_0")
