@@ -53,7 +53,10 @@ def mutated_images(draw) -> bytes:
     return bytes(data)
 
 
-@settings(max_examples=2000, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# derandomize: CI explores the same examples every run (a failure is reproducible, not a flake)
+@settings(
+    max_examples=2000, deadline=2000, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=mutated_images())
 def test_mutated_image_files_give_an_image_or_a_clean_error(data, tmp_path):
     path = tmp_path / "x.img"
@@ -96,7 +99,7 @@ FIELDS = [
 BASE = dict(img_size=16, patch_size=8, in_chans=3, num_classes=5, embed_dim=16, depth=1, num_heads=2)
 
 
-@settings(max_examples=600, deadline=5000)
+@settings(max_examples=600, deadline=5000, derandomize=True)
 @given(changes=st.dictionaries(st.sampled_from(FIELDS), CONFIG_VALUES, min_size=1, max_size=3))
 def test_fuzzed_config_values_build_a_working_model_or_name_the_field(changes):
     cfg = {**BASE, **changes}

@@ -414,8 +414,8 @@ def _check_config(**cfg) -> None:
     for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
         if not _is_number(cfg[name]) or not 0.0 <= cfg[name] < 1.0:
             raise ValueError(f"{name}={cfg[name]!r} must be in [0, 1)")
-    if cfg["init_values"] is not None and (not _is_number(cfg["init_values"]) or cfg["init_values"] <= 0):
-        raise ValueError(f"init_values={cfg['init_values']!r} must be a number > 0, or null for no LayerScale")
+    if cfg["init_values"] is not None and (not _is_number(cfg["init_values"]) or not 0 < cfg["init_values"] <= 10):
+        raise ValueError(f"init_values={cfg['init_values']!r} must be in (0, 10] (typically 1e-5 to 1), or null")
     kv = cfg["num_kv_heads"]
     if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or cfg["num_heads"] % kv):
         raise ValueError(f"num_kv_heads={kv!r} must be a positive divisor of num_heads={cfg['num_heads']}")
