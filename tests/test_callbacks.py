@@ -12,10 +12,10 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+from conftest import fit_in
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import train
 from vit.callbacks import AttentionMapCallback
 from vit.data import DigitsDataModule
 from vit.module import ViTClassifier
@@ -31,14 +31,7 @@ IMAGE_TAGS = ["attention/rollout", "attention/query_patch", "attention/mean_dist
 def smoke_logs(tmp_path_factory):
     """One smoke fit (2 epochs) with the callback on, as every config has it."""
     root = tmp_path_factory.mktemp("run")
-    import os
-
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
-        train.main(["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false"])
-    finally:
-        os.chdir(cwd)
+    fit_in(root, ["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false"])
     return root / "logs" / "smoke" / "version_0"
 
 

@@ -3,7 +3,6 @@
 import csv
 import io
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -13,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import fit_in
 from PIL import Image
 
-import train
 from vit.checkpoint import load_model
 from vit.data import DigitsDataModule
 from vit.predict import expand_inputs, main
@@ -26,22 +25,10 @@ SMOKE = str(Path(__file__).parent.parent / "configs" / "smoke.yaml")
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("run")
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
-        train.main(
-            [
-                "fit",
-                "--config",
-                SMOKE,
-                "--trainer.enable_progress_bar",
-                "false",
-                "--attention_maps.every_n_epochs",
-                "100",
-            ]
-        )
-    finally:
-        os.chdir(cwd)
+    fit_in(
+        root,
+        ["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false", "--attention_maps.every_n_epochs", "100"],
+    )
     return root / "checkpoints" / "smoke" / "version_0" / "last.ckpt"
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import fit_in
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
@@ -64,12 +65,7 @@ CHILD = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     root = tmp_path_factory.mktemp("full")
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
-        train.main(ARGS)
-    finally:
-        os.chdir(cwd)
+    fit_in(root, ARGS)
     return root
 
 
@@ -94,12 +90,7 @@ def _start(tmp_path: Path, env: dict | None = None) -> subprocess.Popen:
 
 
 def _resume_and_compare(tmp_path: Path, uninterrupted: Path) -> None:
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        train.main([*ARGS, "--ckpt_path", "last"])
-    finally:
-        os.chdir(cwd)
+    fit_in(tmp_path, [*ARGS, "--ckpt_path", "last"])
     ours, ours_acc = _final(tmp_path)
     ref, ref_acc = _final(uninterrupted)
     assert ours["global_step"] == ref["global_step"] == 30
