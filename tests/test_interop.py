@@ -204,3 +204,11 @@ def test_freeze_backbone_trains_only_the_head_first(tmp_path):
     after = module.model.state_dict()
     changed = {k for k in after if not torch.equal(after[k], before[k])}
     assert changed == {"head.weight", "head.bias"}
+
+
+def test_variants_without_a_timm_counterpart_are_refused():
+    from vit.model import VisionTransformer
+
+    for cfg in ({"num_kv_heads": 1}, {"pos_embed": "rope2d"}, {"mlp_layer": "swiglu"}):
+        with pytest.raises(InteropError, match="only the plain model converts"):
+            to_timm(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, **cfg))

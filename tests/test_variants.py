@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import train
 from vit.attention_maps import capture_attention
 from vit.checkpoint import load_model
-from vit.model import Attention, Block, VisionTransformer, attention_pattern_mask
+from vit.model import Attention, Block, VisionTransformer, apply_rope, attention_pattern_mask, rope_2d
 
 ROOT = Path(__file__).parent.parent
 VARIANTS = sorted((ROOT / "configs" / "variants").glob("*.yaml"))
@@ -69,6 +69,8 @@ VARIANT_MODELS = {
     "swiglu": dict(mlp_layer="swiglu"),
     "rmsnorm": dict(norm_layer="rmsnorm"),
     "postnorm": dict(norm_position="post"),
+    "rope2d": dict(pos_embed="rope2d"),
+    "rope_abs_token": dict(rope=True, global_pool="token"),
 }
 
 
@@ -145,3 +147,40 @@ def test_every_variant_trains_end_to_end_from_its_config(config, tmp_path, monke
     with torch.no_grad():
         torch.testing.assert_close(model(x), cli.model.model.eval()(x), atol=1e-6, rtol=0)
     assert os.path.isdir(tmp_path / "logs" / "smoke" / "version_0")
+
+
+def test_rope_2d_scores_depend_only_on_the_offset_between_patches():
+    grid, hd = (4, 5), 16
+    cos, sin = rope_2d(grid, hd)
+    torch.manual_seed(0)
+    q = apply_rope(torch.randn(hd).expand(20, hd), cos, sin)  # the same query vector at every patch
+    k = apply_rope(torch.randn(hd).expand(20, hd), cos, sin)
+    scores = q @ k.T  # (20, 20)
+    pos = [divmod(i, 5) for i in range(20)]
+    by_offset = {}
+    for i in range(20):
+        for j in range(20):
+            offset = (pos[i][0] - pos[j][0], pos[i][1] - pos[j][1])
+            by_offset.setdefault(offset, []).append(scores[i, j])
+    for values in by_offset.values():
+        torch.testing.assert_close(torch.stack(values), values[0].expand(len(values)), atol=1e-5, rtol=0)
+    assert len({round(v[0].item(), 4) for v in by_offset.values()}) > 20  # and the offset does matter
+    # norms are kept: a rotation
+    torch.testing.assert_close(q.norm(dim=-1), torch.full((20,), q[0].norm().item()))
+
+
+def test_rope_with_and_without_the_absolute_embedding():
+    for cfg in (
+        {"pos_embed": "rope2d"},
+        {"pos_embed": "learned", "rope": True},
+        {"rope": True, "global_pool": "token"},
+    ):
+        model = VisionTransformer(**SMALL, **cfg)
+        assert (model.pos_embed is None) == (cfg.get("pos_embed") == "rope2d")
+        x = torch.randn(2, 3, 32, 32)
+        model.set_fused_attn(True)
+        a = model(x)
+        model.set_fused_attn(False)
+        torch.testing.assert_close(a, model(x), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="2D RoPE needs a head size divisible by 4"):
+        VisionTransformer(**{**SMALL, "embed_dim": 24, "num_heads": 4}, pos_embed="rope2d")

@@ -204,9 +204,10 @@ def to_timm(model: VisionTransformer):
         or blk.post_norm
         or model.attn_pattern[0] != "global"
         or not isinstance(blk.mlp, Mlp)
+        or model.use_rope
     ):
         raise InteropError(
-            "timm's VisionTransformer has no grouped-query attention, attention patterns, Post-Norm "
+            "timm's VisionTransformer has no grouped-query attention, attention patterns, Post-Norm, RoPE "
             "or SwiGLU here: only the plain model converts"
         )
     norm = blk.norm1

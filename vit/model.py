@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath, LayerScale, Mlp, SwiGLU, resample_abs_pos_embed, trunc_normal_
 
 NormName = Literal["layernorm", "rmsnorm"]
-PosEmbedName = Literal["learned", "sincos2d"]
+PosEmbedName = Literal["learned", "sincos2d", "rope2d"]
 PoolName = Literal["avg", "token"]
 AttnPattern = Literal["global", "local", "dilated", "sparse"]
 MlpName = Literal["mlp", "swiglu"]
@@ -48,6 +48,25 @@ def sincos_2d_pos_embed(grid_h: int, grid_w: int, dim: int, temperature: float =
     y = y.flatten()[:, None] * omega[None, :]  # (N, dim/4)
     x = x.flatten()[:, None] * omega[None, :]
     return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)[None]
+
+
+def rope_2d(grid: tuple[int, int], head_dim: int, theta: float = 100.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Axial 2D rotary embedding: cos and sin of (N, head_dim). The first half of each head's channels turns with the
+    patch row, the second half with its column, so q.k depends on the offset between two patches, not on where they
+    are. theta 100 (not 10000): a grid of a few dozen positions needs no slower frequencies."""
+    quarter = head_dim // 4
+    inv_freq = 1.0 / theta ** (torch.arange(quarter, dtype=torch.float32) / quarter)  # (Dh/4,)
+    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+    ang_r = rows.flatten()[:, None].float() * inv_freq  # (N, Dh/4)
+    ang_c = cols.flatten()[:, None].float() * inv_freq
+    angles = torch.cat([ang_r, ang_r, ang_c, ang_c], dim=-1)  # (N, Dh): rotate-half pairs inside each axis half
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (..., N, Dh) by rope_2d's angles: in each axis half [a, b] -> [a cos - b sin, b cos + a sin]."""
+    x1, x2, x3, x4 = x.split(x.shape[-1] // 4, dim=-1)
+    return x * cos + torch.cat([-x2, x1, -x4, x3], dim=-1) * sin
 
 
 def attention_pattern_mask(
@@ -145,10 +164,15 @@ class Attention(nn.Module):
         v = v.reshape(B, N, KV, Dh).transpose(1, 2)
         return self.q_norm(q), self.k_norm(k), v
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, N, D); attn_mask (N, N) bool, True where a query may attend to a key."""
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
+        """x (B, N, D); attn_mask (N, N) bool, True where a query may attend to a key; rope (cos, sin) of the
+        patch tokens (prefix tokens such as the class token are not rotated)."""
         B, N, C = x.shape
         q, k, v = self.qkv_heads(x)
+        if rope is not None:
+            p = N - rope[0].shape[0]
+            q = torch.cat([q[:, :, :p], apply_rope(q[:, :, p:], *rope)], dim=2)
+            k = torch.cat([k[:, :, :p], apply_rope(k[:, :, p:], *rope)], dim=2)
         gqa = self.num_kv_heads != self.num_heads
         if self.fused_attn:
             # enable_gqa: SDPA shares each kv head across its group of query heads without copying it
@@ -202,11 +226,11 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
         if self.post_norm:  # the original Transformer's order: normalise after each residual sum
-            x = self.norm1(x + self.drop_path1(self.ls1(self.attn(x, attn_mask))))
+            x = self.norm1(x + self.drop_path1(self.ls1(self.attn(x, attn_mask, rope))))
             return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask)))
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask, rope)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
@@ -214,8 +238,10 @@ class VisionTransformer(nn.Module):
     """ViT classifier. Argument names are timm's.
 
     Args:
-        pos_embed: 'learned' (one trained vector per grid cell) or 'sincos2d' (fixed). Another input resolution
-            resamples the grid: bicubic for learned, recomputed for sincos2d.
+        pos_embed: 'learned' (one trained vector per grid cell), 'sincos2d' (fixed), or 'rope2d' (no absolute
+            embedding, 2D rotary in attention only). Another input resolution resamples the grid: bicubic for
+            learned, recomputed for sincos2d and RoPE.
+        rope: add 2D rotary position embedding in attention to a learned or sincos2d absolute embedding.
         global_pool: 'avg' averages the patch tokens (no class token); 'token' prepends a class token and reads it.
         fc_norm: apply the final norm after pooling instead of to every token before it (timm's `fc_norm`).
         init_values: LayerScale init; None turns LayerScale off.
@@ -241,6 +267,7 @@ class VisionTransformer(nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         init_values: float | None = None,
+        rope: bool = False,
         num_kv_heads: int | None = None,
         attn_pattern: AttnPattern = "global",
         attn_window: int = 3,
@@ -266,6 +293,7 @@ class VisionTransformer(nn.Module):
             drop_path_rate=drop_path_rate,
             init_values=init_values,
             num_kv_heads=num_kv_heads,
+            rope=rope,
             attn_pattern=attn_pattern,
             attn_window=attn_window,
             attn_dilation=attn_dilation,
@@ -284,14 +312,17 @@ class VisionTransformer(nn.Module):
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if global_pool == "token" else None
         num_patches = self.grid_size[0] * self.grid_size[1]
+        self.use_rope = rope or pos_embed == "rope2d"
         if pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(1, num_patches, embed_dim))
-        else:  # fixed: a buffer, not saved, recomputed for other grids
+        elif pos_embed == "sincos2d":  # fixed: a buffer, not saved, recomputed for other grids
             self.register_buffer("pos_embed", sincos_2d_pos_embed(*self.grid_size, embed_dim), persistent=False)
+        else:  # rope2d alone: positions enter only through the rotation of q and k
+            self.pos_embed = None
         self.pos_drop = nn.Dropout(drop_rate)
         dpr = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth grows with depth
         self.attn_pattern = (attn_pattern, attn_window, attn_dilation, attn_global_tokens)
-        self._masks: dict = {}  # (grid, device) -> mask: built once per input size
+        self._masks: dict = {}  # (grid, device) -> mask, ("rope", grid, device) -> (cos, sin): once per input size
         self.blocks = nn.ModuleList(
             [
                 Block(
@@ -340,8 +371,10 @@ class VisionTransformer(nn.Module):
             if isinstance(m, Attention):
                 m.fused_attn = enable
 
-    def pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor:
+    def pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor | None:
         """The position embedding for a patch grid, (1, gh * gw, D); resampled when the grid is not the trained one."""
+        if self.pos_embed is None:
+            return None
         if grid == self.grid_size:
             return self.pos_embed
         if self.pos_embed_type == "sincos2d":
@@ -349,6 +382,15 @@ class VisionTransformer(nn.Module):
         return resample_abs_pos_embed(
             self.pos_embed, new_size=list(grid), old_size=list(self.grid_size), num_prefix_tokens=0
         )
+
+    def rope_for(self, grid: tuple[int, int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of the 2D rotary embedding for a patch grid, built once per grid."""
+        key = ("rope", grid, device)
+        if key not in self._masks:
+            self._masks[key] = tuple(
+                t.to(device) for t in rope_2d(grid, self.embed_dim // self.blocks[0].attn.num_heads)
+            )
+        return self._masks[key]
 
     def attn_mask_for(self, grid: tuple[int, int], device: torch.device) -> torch.Tensor | None:
         """The (T, T) attention mask of `attn_pattern` for a patch grid (None for global attention)."""
@@ -362,13 +404,16 @@ class VisionTransformer(nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> tokens (B, prefix + N, D) after the final norm."""
         x, grid = self.patch_embed(x)
-        x = x + self.pos_embed_for(grid)
+        pos = self.pos_embed_for(grid)
+        if pos is not None:
+            x = x + pos
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         x = self.pos_drop(x)
         mask = self.attn_mask_for(grid, x.device)
+        rope = self.rope_for(grid, x.device) if self.use_rope else None
         for blk in self.blocks:
-            x = blk(x, mask)
+            x = blk(x, mask, rope)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -405,8 +450,12 @@ def _check_config(**cfg) -> None:
     params = cfg["depth"] * cfg["embed_dim"] ** 2 * (4 + 2 * cfg["mlp_ratio"])  # attention 4 D^2, MLP 2 r D^2
     if params > 2e10:
         raise ValueError(f"embed_dim={cfg['embed_dim']}, depth={cfg['depth']}: {params:.1e} parameters would not fit")
-    if cfg["pos_embed"] not in ("learned", "sincos2d"):
-        raise ValueError(f"pos_embed={cfg['pos_embed']!r} is not one of ['learned', 'sincos2d']")
+    if cfg["pos_embed"] not in ("learned", "sincos2d", "rope2d"):
+        raise ValueError(f"pos_embed={cfg['pos_embed']!r} is not one of ['learned', 'sincos2d', 'rope2d']")
+    if (cfg["rope"] or cfg["pos_embed"] == "rope2d") and (cfg["embed_dim"] // cfg["num_heads"]) % 4:
+        raise ValueError(
+            f"embed_dim={cfg['embed_dim']} / num_heads={cfg['num_heads']}: 2D RoPE needs a head size divisible by 4"
+        )
     if cfg["pos_embed"] == "sincos2d" and cfg["embed_dim"] % 4:
         raise ValueError(f"embed_dim={cfg['embed_dim']} must be divisible by 4 for pos_embed='sincos2d'")
     if cfg["global_pool"] not in ("avg", "token"):

@@ -67,6 +67,7 @@ class ViTClassifier(L.LightningModule):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.1,
         init_values: float | None = None,
+        rope: bool = False,
         num_kv_heads: int | None = None,
         attn_pattern: AttnPattern = "global",
         attn_window: int = 3,
