@@ -17,6 +17,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath, LayerScale, Mlp, SwiGLU, resample_abs_pos_embed, trunc_normal_
 
+from vit.moe import MoEMlp
+
 NormName = Literal["layernorm", "rmsnorm"]
 PosEmbedName = Literal["learned", "sincos2d", "rope2d"]
 PoolName = Literal["avg", "token"]
@@ -210,6 +212,9 @@ class Block(nn.Module):
         num_kv_heads: int | None = None,
         mlp_layer: str = "mlp",
         norm_position: str = "pre",
+        moe_experts: int = 0,
+        moe_top_k: int = 2,
+        moe_capacity_factor: float = 1.25,
     ):
         super().__init__()
         self.post_norm = norm_position == "post"
@@ -219,7 +224,9 @@ class Block(nn.Module):
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm_layer(dim)
         hidden = int(dim * mlp_ratio)
-        if mlp_layer == "swiglu":  # three matrices instead of two: 2/3 of the hidden size keeps the parameter count
+        if moe_experts > 0:  # E experts of the dense MLP's size: each token pays for top_k of them
+            self.mlp = MoEMlp(dim, hidden, moe_experts, moe_top_k, moe_capacity_factor, drop=proj_drop)
+        elif mlp_layer == "swiglu":  # three matrices instead of two: 2/3 of the hidden size keeps the parameter count
             self.mlp = SwiGLU(dim, max(1, round(hidden * 2 / 3)), act_layer=nn.SiLU, drop=proj_drop)
         else:
             self.mlp = Mlp(dim, hidden, act_layer=nn.GELU, drop=proj_drop)
@@ -275,6 +282,9 @@ class VisionTransformer(nn.Module):
         attn_global_tokens: int = 1,
         mlp_layer: MlpName = "mlp",
         norm_position: NormPosition = "pre",
+        moe_experts: int = 0,
+        moe_top_k: int = 2,
+        moe_capacity_factor: float = 1.25,
     ):
         super().__init__()
         _check_config(
@@ -300,6 +310,9 @@ class VisionTransformer(nn.Module):
             attn_global_tokens=attn_global_tokens,
             mlp_layer=mlp_layer,
             norm_position=norm_position,
+            moe_experts=moe_experts,
+            moe_top_k=moe_top_k,
+            moe_capacity_factor=moe_capacity_factor,
         )
         norm = get_norm_layer(norm_layer)
         self.num_classes = num_classes
@@ -339,6 +352,9 @@ class VisionTransformer(nn.Module):
                     num_kv_heads,
                     mlp_layer,
                     norm_position,
+                    moe_experts,
+                    moe_top_k,
+                    moe_capacity_factor,
                 )
                 for i in range(depth)
             ]
@@ -479,3 +495,10 @@ def _check_config(**cfg) -> None:
         raise ValueError(f"mlp_layer={cfg['mlp_layer']!r} is not one of ['mlp', 'swiglu']")
     if cfg["norm_position"] not in ("pre", "post"):
         raise ValueError(f"norm_position={cfg['norm_position']!r} is not one of ['pre', 'post']")
+    E, k = cfg["moe_experts"], cfg["moe_top_k"]
+    if not isinstance(E, int) or isinstance(E, bool) or E < 0:
+        raise ValueError(f"moe_experts={E!r} must be an integer >= 0 (0: a dense MLP)")
+    if E and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= E):
+        raise ValueError(f"moe_top_k={k!r} must be between 1 and moe_experts={E}")
+    if not _is_number(cfg["moe_capacity_factor"]) or cfg["moe_capacity_factor"] < 0:
+        raise ValueError(f"moe_capacity_factor={cfg['moe_capacity_factor']!r} must be >= 0 (0: no capacity limit)")

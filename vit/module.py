@@ -13,12 +13,14 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.loggers import TensorBoardLogger
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit.interop import load_timm_weights
 from vit.model import AttnPattern, MlpName, NormName, NormPosition, PoolName, PosEmbedName, VisionTransformer
+from vit.moe import MoEMlp
 
 MODEL_ARGS = tuple(inspect.signature(VisionTransformer).parameters)
 
@@ -40,6 +42,9 @@ class ViTClassifier(L.LightningModule):
             architecture (embed_dim, depth, num_heads, patch_size, global_pool, ...).
         layer_decay: layer-wise learning-rate decay (BEiT): block i of L gets lr * layer_decay ** (L + 1 - i).
         freeze_backbone_epochs: train only the head (and fc_norm) for this many epochs first.
+        moe_experts, moe_top_k, moe_capacity_factor: a Mixture-of-Experts MLP in every block (0 experts: dense);
+            its load-balancing loss enters the training loss times `moe_aux_weight`, logged as train/moe_aux_loss,
+            and each epoch's expert usage goes to TensorBoard as histograms moe/expert_usage/layer_i.
         skip_nonfinite: skip the optimizer step of a batch whose loss is NaN or infinite (logged as
             train/skipped_nonfinite) instead of stopping with an error that names the step.
         compile: torch.compile the model (in place, before fit). Pays off on GPU; on a 2-core CPU the digits model
@@ -75,6 +80,10 @@ class ViTClassifier(L.LightningModule):
         attn_global_tokens: int = 1,
         mlp_layer: MlpName = "mlp",
         norm_position: NormPosition = "pre",
+        moe_experts: int = 0,
+        moe_top_k: int = 2,
+        moe_capacity_factor: float = 1.25,
+        moe_aux_weight: float = 0.01,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -100,6 +109,7 @@ class ViTClassifier(L.LightningModule):
             ("warmup_epochs", warmup_epochs),
             ("mixup_alpha", mixup_alpha),
             ("cutmix_alpha", cutmix_alpha),
+            ("moe_aux_weight", moe_aux_weight),
         ):
             if value < 0:
                 raise ValueError(f"{name}={value} must be >= 0")
@@ -125,6 +135,8 @@ class ViTClassifier(L.LightningModule):
             betas=[float(b) for b in betas],
         )
         self.model = VisionTransformer(**{k: self.hparams[k] for k in MODEL_ARGS})
+        self._moe_layers = [m for m in self.model.modules() if isinstance(m, MoEMlp)]  # a list: not re-registered
+        self._expert_counts = torch.zeros(len(self._moe_layers), moe_experts, dtype=torch.long)
         if init_from:
             load_timm_weights(self.model, init_from)
         self.mixup = None
@@ -163,6 +175,11 @@ class ViTClassifier(L.LightningModule):
             loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
             self.train_acc(logits, y)
             self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
+        if self._moe_layers:  # load balancing across experts, weighted into the loss
+            aux = torch.stack([m.aux_loss for m in self._moe_layers]).sum()
+            loss = loss + self.hparams.moe_aux_weight * aux
+            self.log("train/moe_aux_loss", aux)
+            self._expert_counts += torch.stack([m.expert_counts for m in self._moe_layers])
         # One host sync per step: the price of naming the failing step before a NaN reaches the weights.
         if not torch.isfinite(loss):
             if self.hparams.skip_nonfinite:
@@ -175,6 +192,23 @@ class ViTClassifier(L.LightningModule):
             )
         self.log("train/loss", loss, prog_bar=True)
         return loss
+
+    def on_train_epoch_end(self) -> None:
+        """Expert usage of the epoch, one histogram per MoE block (TensorBoard only)."""
+        if not self._moe_layers:
+            return
+        tb = next((lg for lg in self.loggers if isinstance(lg, TensorBoardLogger)), None)
+        if tb is not None and self.trainer.is_global_zero:
+            experts = torch.arange(self._expert_counts.shape[1])
+            for i, counts in enumerate(self._expert_counts):
+                if counts.sum():
+                    tb.experiment.add_histogram(
+                        f"moe/expert_usage/layer_{i}",
+                        experts.repeat_interleave(counts),
+                        self.global_step,
+                        bins=len(experts),
+                    )
+        self._expert_counts.zero_()
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # RNG states as plain data (tensors, lists, ints): resuming continues the exact random stream (dropout,
