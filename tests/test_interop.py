@@ -209,6 +209,12 @@ def test_freeze_backbone_trains_only_the_head_first(tmp_path):
 def test_variants_without_a_timm_counterpart_are_refused():
     from vit.model import VisionTransformer
 
-    for cfg in ({"num_kv_heads": 1}, {"pos_embed": "rope2d"}, {"mlp_layer": "swiglu"}):
+    for cfg in (
+        {"num_kv_heads": 1},
+        {"pos_embed": "rope2d"},
+        {"mlp_layer": "swiglu"},
+        {"kv_latent_dim": 8},
+        {"moe_experts": 2},
+    ):
         with pytest.raises(InteropError, match="only the plain model converts"):
             to_timm(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, **cfg))

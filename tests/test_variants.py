@@ -70,6 +70,8 @@ VARIANT_MODELS = {
     "rmsnorm": dict(norm_layer="rmsnorm"),
     "postnorm": dict(norm_position="post"),
     "rope2d": dict(pos_embed="rope2d"),
+    "mla": dict(kv_latent_dim=8),
+    "mla_gqa": dict(kv_latent_dim=8, num_kv_heads=2),
     "rope_abs_token": dict(rope=True, global_pool="token"),
 }
 
@@ -184,3 +186,20 @@ def test_rope_with_and_without_the_absolute_embedding():
         torch.testing.assert_close(a, model(x), atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="2D RoPE needs a head size divisible by 4"):
         VisionTransformer(**{**SMALL, "embed_dim": 24, "num_heads": 4}, pos_embed="rope2d")
+
+
+def test_latent_attention_matches_its_formula_and_stores_less():
+    attn = Attention(32, num_heads=4, kv_latent_dim=8).eval()
+    x = torch.randn(2, 6, 32)
+    latent = attn.kv_norm(attn.kv_down(x))  # (B, N, 8): all that keys and values are made of
+    k, v = attn.kv_up(latent).split(32, dim=-1)
+    q = attn.q_norm(attn.q(x).reshape(2, 6, 4, 8).transpose(1, 2))
+    k = attn.k_norm(k.reshape(2, 6, 4, 8).transpose(1, 2))
+    v = v.reshape(2, 6, 4, 8).transpose(1, 2)
+    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8), dim=-1)
+    ref = attn.proj((w @ v).transpose(1, 2).reshape(2, 6, 32))
+    for fused in (True, False):
+        attn.fused_attn = fused
+        torch.testing.assert_close(attn(x), ref, atol=1e-5, rtol=0)
+    per_token_cache = latent.shape[-1]
+    assert per_token_cache == 8 < 2 * 32  # a latent of 8 per token instead of 64 key and value numbers

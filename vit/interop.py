@@ -205,10 +205,11 @@ def to_timm(model: VisionTransformer):
         or model.attn_pattern[0] != "global"
         or not isinstance(blk.mlp, Mlp)
         or model.use_rope
+        or blk.attn.kv_latent_dim
     ):
         raise InteropError(
-            "timm's VisionTransformer has no grouped-query attention, attention patterns, Post-Norm, RoPE "
-            "or SwiGLU here: only the plain model converts"
+            "timm's VisionTransformer has no grouped-query or latent attention, attention patterns, Post-Norm, "
+            "RoPE, SwiGLU or MoE here: only the plain model converts"
         )
     norm = blk.norm1
     norm_layer = nn.RMSNorm if isinstance(norm, nn.RMSNorm) else nn.LayerNorm

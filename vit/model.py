@@ -140,6 +140,7 @@ class Attention(nn.Module):
         proj_drop: float = 0.0,
         norm_layer: type[nn.Module] = nn.LayerNorm,
         num_kv_heads: int | None = None,
+        kv_latent_dim: int | None = None,
     ):
         super().__init__()
         self.num_heads = num_heads
@@ -147,8 +148,18 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
         self.fused_attn = True
-        # q, then k and v for the kv heads only: [H * Dh | KV * Dh | KV * Dh] (timm's fused qkv layout when KV == H)
-        self.qkv = nn.Linear(dim, (num_heads + 2 * self.num_kv_heads) * self.head_dim, bias=qkv_bias)
+        kv_dim = self.num_kv_heads * self.head_dim
+        self.kv_latent_dim = kv_latent_dim
+        if kv_latent_dim:
+            # Multi-head latent attention (DeepSeek-V2), non-causal: keys and values are up-projected from one shared
+            # low-rank latent of each token, c = norm(W_down x); q comes from x directly (no decoupled RoPE here).
+            self.q = nn.Linear(dim, num_heads * self.head_dim, bias=qkv_bias)
+            self.kv_down = nn.Linear(dim, kv_latent_dim, bias=False)
+            self.kv_norm = norm_layer(kv_latent_dim)
+            self.kv_up = nn.Linear(kv_latent_dim, 2 * kv_dim, bias=qkv_bias)
+        else:
+            # q, then k and v for the kv heads only: [H * Dh | KV * Dh | KV * Dh] (timm's fused qkv when KV == H)
+            self.qkv = nn.Linear(dim, num_heads * self.head_dim + 2 * kv_dim, bias=qkv_bias)
         # One norm over head_dim shared by all heads (timm's qk_norm), applied before the dot product.
         self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
@@ -160,7 +171,11 @@ class Attention(nn.Module):
         """q (B, H, N, Dh) and k, v (B, KV, N, Dh), q and k normalised."""
         B, N, C = x.shape
         H, KV, Dh = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = self.qkv(x).split([H * Dh, KV * Dh, KV * Dh], dim=-1)
+        if self.kv_latent_dim:
+            q = self.q(x)
+            k, v = self.kv_up(self.kv_norm(self.kv_down(x))).split([KV * Dh, KV * Dh], dim=-1)  # (B, N, latent) up
+        else:
+            q, k, v = self.qkv(x).split([H * Dh, KV * Dh, KV * Dh], dim=-1)
         q = q.reshape(B, N, H, Dh).transpose(1, 2)  # (B, N, H * Dh) -> (B, H, N, Dh)
         k = k.reshape(B, N, KV, Dh).transpose(1, 2)
         v = v.reshape(B, N, KV, Dh).transpose(1, 2)
@@ -215,11 +230,14 @@ class Block(nn.Module):
         moe_experts: int = 0,
         moe_top_k: int = 2,
         moe_capacity_factor: float = 1.25,
+        kv_latent_dim: int | None = None,
     ):
         super().__init__()
         self.post_norm = norm_position == "post"
         self.norm1 = norm_layer(dim)
-        self.attn = Attention(dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, norm_layer, num_kv_heads)
+        self.attn = Attention(
+            dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, norm_layer, num_kv_heads, kv_latent_dim
+        )
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm_layer(dim)
@@ -285,6 +303,7 @@ class VisionTransformer(nn.Module):
         moe_experts: int = 0,
         moe_top_k: int = 2,
         moe_capacity_factor: float = 1.25,
+        kv_latent_dim: int | None = None,
     ):
         super().__init__()
         _check_config(
@@ -313,6 +332,7 @@ class VisionTransformer(nn.Module):
             moe_experts=moe_experts,
             moe_top_k=moe_top_k,
             moe_capacity_factor=moe_capacity_factor,
+            kv_latent_dim=kv_latent_dim,
         )
         norm = get_norm_layer(norm_layer)
         self.num_classes = num_classes
@@ -355,6 +375,7 @@ class VisionTransformer(nn.Module):
                     moe_experts,
                     moe_top_k,
                     moe_capacity_factor,
+                    kv_latent_dim,
                 )
                 for i in range(depth)
             ]
@@ -502,3 +523,6 @@ def _check_config(**cfg) -> None:
         raise ValueError(f"moe_top_k={k!r} must be between 1 and moe_experts={E}")
     if not _is_number(cfg["moe_capacity_factor"]) or cfg["moe_capacity_factor"] < 0:
         raise ValueError(f"moe_capacity_factor={cfg['moe_capacity_factor']!r} must be >= 0 (0: no capacity limit)")
+    lat = cfg["kv_latent_dim"]
+    if lat is not None and (not isinstance(lat, int) or isinstance(lat, bool) or lat < 1):
+        raise ValueError(f"kv_latent_dim={lat!r} must be a positive integer, or null for plain attention")

@@ -84,6 +84,7 @@ class ViTClassifier(L.LightningModule):
         moe_top_k: int = 2,
         moe_capacity_factor: float = 1.25,
         moe_aux_weight: float = 0.01,
+        kv_latent_dim: int | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
