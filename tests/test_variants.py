@@ -72,6 +72,7 @@ VARIANT_MODELS = {
     "rope2d": dict(pos_embed="rope2d"),
     "mla": dict(kv_latent_dim=8),
     "mla_gqa": dict(kv_latent_dim=8, num_kv_heads=2),
+    "moe": dict(moe_experts=3, moe_top_k=2, moe_capacity_factor=0),
     "rope_abs_token": dict(rope=True, global_pool="token"),
 }
 
@@ -87,7 +88,9 @@ def test_fused_and_manual_paths_agree_and_maps_can_be_drawn(name):
         model.zero_grad()
         out = model(x)
         out.square().sum().backward()
-        outs.append((out.detach(), [p.grad.clone() for p in model.parameters()]))
+        outs.append(
+            (out.detach(), [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()])
+        )
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=0)
     for a, b in zip(outs[0][1], outs[1][1]):  # gradients of a sum of squares reach ~10: relative tolerance
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-3)
