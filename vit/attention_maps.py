@@ -211,7 +211,7 @@ def mean_distance_figure(distances: torch.Tensor, img_size: int | None = None):
 def main(argv: list[str] | None = None) -> int:
     """Write `<stem>_attention.png` per image: the image above its rollout overlay, and the per-head maps."""
     from vit.checkpoint import CheckpointError, load_model
-    from vit.data import eval_transform, load_image
+    from vit.data import describe, eval_transform, read_image
 
     ap = argparse.ArgumentParser(prog="python -m vit.attention_maps", description=main.__doc__)
     ap.add_argument("--ckpt", required=True, help="a checkpoint written by train.py")
@@ -230,9 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for path in args.images:
         try:
-            x = tf(load_image(path))[None]
+            x = tf(read_image(path))[None]
         except Exception as e:  # one unreadable image must not stop the others
-            print(f"{path}: skipped: {e}", file=sys.stderr)
+            print(f"{path}: skipped: {describe(e)}", file=sys.stderr)
             failed += 1
             continue
         panels = attention_panels(model, x, hp["mean"], hp["std"], display_size=args.size)
