@@ -156,3 +156,17 @@ def test_command_writes_overlays_for_image_files(tmp_path):
     png = Image.open(tmp_path / "maps" / "a_attention.png")
     assert png.size == (64 + 4, 2 * 64 + 6)
     assert (tmp_path / "maps" / "a_heads_last_block.png").is_file()
+
+
+def test_kept_distance_plot_redraws_exactly_what_a_new_figure_draws():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    plot, frames = am.MeanDistancePlot(4, 2, img_size=32), []
+    for seed in range(3):
+        d = torch.rand(4, 2, generator=torch.Generator().manual_seed(seed)) * 30
+        fig = am.mean_distance_figure(d, 32)
+        FigureCanvasAgg(fig).draw()
+        fresh = torch.from_numpy(np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()).permute(2, 0, 1)
+        frames.append(plot.render(d))
+        assert frames[-1].dtype == torch.uint8 and torch.equal(frames[-1], fresh)
+    assert not torch.equal(frames[0], frames[1])  # the points moved

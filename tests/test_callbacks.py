@@ -11,7 +11,9 @@ import urllib.request
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
+import torch
 from conftest import fit_in
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -40,6 +42,8 @@ def test_event_files_hold_attention_images_and_scalars_for_each_epoch(smoke_logs
     ea.Reload()
     assert set(IMAGE_TAGS) <= set(ea.Tags()["images"])
     assert len(ea.Scalars("val/acc")) == 2
+    train_acc = ea.Scalars("train/acc")  # logged once per epoch from the metric's state
+    assert len(train_acc) == 2 and all(0 <= e.value <= 1 for e in train_acc)
     steps = {4, 8}  # the global step at the end of each of the two epochs of 4 batches; the sanity check logs nothing
     for tag in IMAGE_TAGS:
         events = ea.Images(tag)
@@ -146,3 +150,19 @@ def test_it_touches_no_training_step_hook():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="every_n_epochs=0"):
         AttentionMapCallback(every_n_epochs=0)
+
+
+def test_add_png_writes_the_exact_pixels_as_a_tensorboard_image(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from vit.callbacks import add_png
+
+    image = torch.randint(0, 256, (3, 20, 30), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    with SummaryWriter(str(tmp_path)) as writer:
+        add_png(writer, "x/y", image, 7)
+    ea = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
+    ea.Reload()
+    (event,) = ea.Images("x/y")
+    assert (event.step, event.width, event.height) == (7, 30, 20)
+    decoded = torch.from_numpy(np.asarray(Image.open(io.BytesIO(event.encoded_image_string)).convert("RGB")))
+    assert torch.equal(decoded.permute(2, 0, 1), image)

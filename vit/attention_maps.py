@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torchvision.utils import make_grid, save_image
@@ -199,13 +200,35 @@ def mean_distance_figure(distances: torch.Tensor, img_size: int | None = None):
         ax.scatter(torch.arange(L_) + 1, distances[:, h], s=18, label=f"head {h}")
     ax.set_xlabel("block")
     ax.set_ylabel("mean attention distance (px)")
-    if img_size:
-        ax.set_ylim(0, img_size)
+    ax.set_ylim(0, img_size or float(distances.max()) * 1.1 + 1e-6)
     ax.set_xticks(range(1, L_ + 1))
     if H <= 8:
         ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     return fig
+
+
+class MeanDistancePlot:
+    """`mean_distance_figure` built once and redrawn with each epoch's distances, as a (3, H, W) uint8 image.
+
+    Moving the points of a kept figure and drawing it costs 23 ms on a 2-core CPU; building a new Figure (axes,
+    legend, layout) and drawing it costs 70 ms, which was a third of the callback's time per epoch.
+    """
+
+    def __init__(self, num_layers: int, num_heads: int, img_size: int):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        self.fig = mean_distance_figure(torch.zeros(num_layers, num_heads), img_size)
+        FigureCanvasAgg(self.fig)
+
+    def render(self, distances: torch.Tensor) -> torch.Tensor:
+        """(L, H) distances in pixels -> the figure as a (3, H, W) uint8 RGB tensor."""
+        depth = np.arange(1, distances.shape[0] + 1)
+        for h, points in enumerate(self.fig.axes[0].collections):  # one scatter per head, in head order
+            points.set_offsets(np.column_stack([depth, distances[:, h].numpy()]))
+        self.fig.canvas.draw()
+        rgba = np.asarray(self.fig.canvas.buffer_rgba())  # (H, W, 4)
+        return torch.from_numpy(rgba[..., :3].copy()).permute(2, 0, 1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,11 @@ import logging
 import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.compat.proto.summary_pb2 import Summary
+from torch.utils.tensorboard import SummaryWriter
+from torchvision.io import encode_png
 
-from vit.attention_maps import attention_panels, mean_distance_figure
+from vit.attention_maps import MeanDistancePlot, attention_panels
 
 log = logging.getLogger(__name__)
 
@@ -14,6 +17,18 @@ log = logging.getLogger(__name__)
 def _uint8(image: torch.Tensor) -> torch.Tensor:
     """[0, 1] float CHW -> uint8: TensorBoard would convert it anyway, more slowly, through numpy."""
     return (image * 255).round().to(torch.uint8)
+
+
+def add_png(writer: SummaryWriter, tag: str, image: torch.Tensor, step: int) -> None:
+    """`writer.add_image` for a (C, H, W) uint8 image, encoded by libpng at compression level 1.
+
+    add_image encodes through PIL at level 6: 118 ms for the six grids of an epoch on a 2-core CPU, against 19 ms
+    here (files ~20% larger). The event is the same Summary.Image that add_image writes.
+    """
+    c, h, w = image.shape
+    png = encode_png(image.cpu().contiguous(), compression_level=1).numpy().tobytes()
+    value = Summary.Value(tag=tag, image=Summary.Image(height=h, width=w, colorspace=c, encoded_image_string=png))
+    writer._get_file_writer().add_summary(Summary(value=[value]), step)  # what add_image itself does with its Summary
 
 
 class AttentionMapCallback(L.Callback):
@@ -37,6 +52,7 @@ class AttentionMapCallback(L.Callback):
         self.every_n_epochs, self.num_images = every_n_epochs, num_images
         self.display_size, self.cmap = display_size, cmap
         self._images: torch.Tensor | None = None
+        self._plot: MeanDistancePlot | None = None
         self._warned = False
 
     def _tensorboard(self, trainer: L.Trainer) -> TensorBoardLogger | None:
@@ -79,10 +95,12 @@ class AttentionMapCallback(L.Callback):
         finally:
             pl_module.train(was_training)
         writer, step = tb.experiment, trainer.global_step
-        writer.add_image("attention/rollout", _uint8(panels["rollout"]), step)
+        add_png(writer, "attention/rollout", _uint8(panels["rollout"]), step)
         for i, grid in enumerate(panels["layers"]):
-            writer.add_image(f"attention/layer_{i}", _uint8(grid), step)
-        writer.add_image("attention/query_patch", _uint8(panels["query_patch"]), step)
-        writer.add_figure("attention/mean_distance", mean_distance_figure(panels["mean_distance"], hp.img_size), step)
+            add_png(writer, f"attention/layer_{i}", _uint8(grid), step)
+        add_png(writer, "attention/query_patch", _uint8(panels["query_patch"]), step)
+        if self._plot is None:
+            self._plot = MeanDistancePlot(*panels["mean_distance"].shape, img_size=hp.img_size)
+        add_png(writer, "attention/mean_distance", self._plot.render(panels["mean_distance"]), step)
         for i, h in enumerate(panels["entropy"].tolist()):
             writer.add_scalar(f"attention/entropy/layer_{i}", h, step)

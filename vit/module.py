@@ -174,8 +174,9 @@ class ViTClassifier(L.LightningModule):
         else:
             logits = self(x)
             loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
-            self.train_acc(logits, y)
-            self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
+            # update only: one log of the epoch's accuracy in on_train_epoch_end instead of a self.log per step
+            # (each costs Lightning an apply_to_collection over the metric), and no per-batch compute
+            self.train_acc.update(logits.detach(), y)
         if self._moe_layers:  # load balancing across experts, weighted into the loss
             aux = torch.stack([m.aux_loss for m in self._moe_layers]).sum()
             loss = loss + self.hparams.moe_aux_weight * aux
@@ -195,7 +196,10 @@ class ViTClassifier(L.LightningModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
-        """Expert usage of the epoch, one histogram per MoE block (TensorBoard only)."""
+        """train/acc of the epoch (synced across ranks by torchmetrics); expert usage, a histogram per MoE block."""
+        if self.train_acc.update_called:  # Mixup/CutMix batches have no hard labels to score
+            self.log("train/acc", self.train_acc.compute())
+            self.train_acc.reset()
         if not self._moe_layers:
             return
         tb = next((lg for lg in self.loggers if isinstance(lg, TensorBoardLogger)), None)
