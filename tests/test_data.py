@@ -233,3 +233,14 @@ def test_an_empty_class_folder_is_an_error(tmp_path):
     dm = ImageFolderDataModule(str(tmp_path), num_workers=0)
     with pytest.raises(DataError, match=r"class folder\(s\) \['empty'\] hold no usable image"):
         dm.setup("fit")
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_eval_batch_size_sets_validation_batches_only(in_memory):
+    dm = DigitsDataModule(batch_size=32, eval_batch_size=100, in_memory=in_memory)
+    dm.setup("fit")
+    assert {len(x) for x, _ in dm.train_dataloader()} == {32}
+    assert [len(x) for x, _ in dm.val_dataloader()] == [100, 100, 100, 60]
+    assert [len(x) for x, _ in DigitsDataModule(batch_size=50).val_dataloader()][:1] == [50]  # default: batch_size
+    with pytest.raises(ValueError, match="eval_batch_size=0"):
+        DigitsDataModule(eval_batch_size=0)

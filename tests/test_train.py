@@ -55,6 +55,14 @@ def test_warmup_then_cosine():
     assert f(110) == pytest.approx(0.01)
 
 
+def test_without_layer_decay_two_param_groups_one_fused_kernel_each():
+    module = ViTClassifier(embed_dim=32, depth=3, num_heads=2, weight_decay=0.05)
+    module.trainer = type("T", (), {"estimated_stepping_batches": 100, "max_epochs": 10})()
+    opt = module.configure_optimizers()["optimizer"]
+    assert sorted(g["weight_decay"] for g in opt.param_groups) == [0.0, 0.05]
+    assert opt.defaults["fused"] and sum(len(g["params"]) for g in opt.param_groups) == len(list(module.parameters()))
+
+
 def test_no_weight_decay_on_norms_biases_and_embeddings_and_layer_decay():
     module = ViTClassifier(embed_dim=32, depth=2, num_heads=2, lr=1.0, layer_decay=0.5)
     module.trainer = type("T", (), {"estimated_stepping_batches": 100, "max_epochs": 10})()

@@ -167,10 +167,15 @@ class ImageClassificationData(L.LightningDataModule):
     mean: tuple[float, ...]
     std: tuple[float, ...]
 
-    def __init__(self, batch_size: int, num_workers: int, in_memory: bool = False):
+    def __init__(self, batch_size: int, num_workers: int, in_memory: bool = False, eval_batch_size: int | None = None):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1")
+        if eval_batch_size is not None and eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size={eval_batch_size} must be >= 1")
+        # No gradients in validation: bigger batches cost no more memory than training's and fewer steps (timm's
+        # --validation-batch-size). None: batch_size.
+        self.eval_batch_size = eval_batch_size or batch_size
         if num_workers < 0:
             raise ValueError(f"num_workers={num_workers} must be >= 0")
         self.batch_size, self.num_workers, self.in_memory = batch_size, num_workers, in_memory
@@ -191,7 +196,7 @@ class ImageClassificationData(L.LightningDataModule):
         return DeviceBatches(
             images,
             targets,
-            self.batch_size,
+            self.batch_size if split == "train" else self.eval_batch_size,
             self.mean,
             self.std,
             train=split == "train",
@@ -208,7 +213,7 @@ class ImageClassificationData(L.LightningDataModule):
         # drop_last on train: Mixup needs even batches, and a ragged last batch would recompile a compiled model.
         return DataLoader(
             dataset,
-            batch_size=self.batch_size,
+            batch_size=self.batch_size if train else self.eval_batch_size,
             shuffle=train,
             drop_last=train and len(dataset) > self.batch_size,
             num_workers=self.num_workers,
@@ -240,8 +245,9 @@ class DigitsDataModule(ImageClassificationData):
         num_workers: int = 0,
         crop_padding: int = 4,
         in_memory: bool = True,
+        eval_batch_size: int | None = None,
     ):
-        super().__init__(batch_size, num_workers, in_memory)
+        super().__init__(batch_size, num_workers, in_memory, eval_batch_size)
         from sklearn.datasets import load_digits
 
         digits = load_digits()
@@ -289,8 +295,9 @@ class CIFARDataModule(ImageClassificationData):
         auto_augment: AutoAugment = "none",
         in_memory: bool = True,
         img_size: int = 32,
+        eval_batch_size: int | None = None,
     ):
-        super().__init__(batch_size, num_workers, in_memory)
+        super().__init__(batch_size, num_workers, in_memory, eval_batch_size)
         if img_size < 1:
             raise ValueError(f"img_size={img_size} must be >= 1")
         if dataset not in ("cifar10", "cifar100"):
@@ -362,8 +369,9 @@ class ImageFolderDataModule(ImageClassificationData):
         std: tuple[float, float, float] = IMAGENET_STD,
         check_images: bool = True,
         strict: bool = False,
+        eval_batch_size: int | None = None,
     ):
-        super().__init__(batch_size, num_workers)
+        super().__init__(batch_size, num_workers, eval_batch_size=eval_batch_size)
         self.check_images, self.strict = check_images, strict
         self.root = Path(root)
         if not self.root.is_dir():
