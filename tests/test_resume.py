@@ -157,8 +157,9 @@ def test_resume_from_a_bad_checkpoint_is_one_line(case, tmp_path, uninterrupted,
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("on_device", [True, False], ids=["found_inf", "host-check"])
 @pytest.mark.parametrize("skip", [False, True])
-def test_a_non_finite_loss_stops_naming_the_step_or_is_skipped(skip, tmp_path, monkeypatch):
+def test_a_non_finite_loss_stops_naming_the_step_or_is_skipped(skip, on_device, tmp_path, monkeypatch):
     import vit.module as vm
 
     forward = vm.ViTClassifier.forward
@@ -168,13 +169,18 @@ def test_a_non_finite_loss_stops_naming_the_step_or_is_skipped(skip, tmp_path, m
         return out * float("nan") if self.training and self.global_step == 5 else out
 
     monkeypatch.setattr(vm.ViTClassifier, "forward", poisoned)
+    if not on_device:  # as with an optimizer that has no fused kernel reading found_inf
+        monkeypatch.setattr(vm, "supports_found_inf", lambda optimizer: False)
     monkeypatch.chdir(tmp_path)
     args = [*ARGS, "--model.skip_nonfinite", str(skip).lower(), "--trainer.max_epochs", "1"]
     if skip:
         cli = train.main(args)
-        # Lightning still counts the step (its closure returned None: no backward, no update), and we log it
+        assert cli.model._guard_on_device is on_device
         assert cli.trainer.callback_metrics["train/skipped_nonfinite"].item() == 1.0
         assert torch.isfinite(torch.cat([p.flatten() for p in cli.model.parameters()])).all()
+        # the skipped update left AdamW's state as if the step had not happened: one step fewer than the trainer's
+        steps = {int(s["step"]) for s in cli.trainer.optimizers[0].state.values()}
+        assert steps == {cli.trainer.global_step - 1}
     else:
         with pytest.raises(SystemExit) as e:
             train.main(args)

@@ -21,6 +21,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from vit.interop import load_timm_weights
 from vit.model import AttnPattern, MlpName, NormName, NormPosition, PoolName, PosEmbedName, VisionTransformer
 from vit.moe import MoEMlp
+from vit.nonfinite import NonFiniteGuard, supports_found_inf
 
 MODEL_ARGS = tuple(inspect.signature(VisionTransformer).parameters)
 
@@ -45,10 +46,11 @@ class ViTClassifier(L.LightningModule):
         moe_experts, moe_top_k, moe_capacity_factor: a Mixture-of-Experts MLP in every block (0 experts: dense);
             its load-balancing loss enters the training loss times `moe_aux_weight`, logged as train/moe_aux_loss,
             and each epoch's expert usage goes to TensorBoard as histograms moe/expert_usage/layer_i.
-        skip_nonfinite: skip the optimizer step of a batch whose loss is NaN or infinite (logged as
-            train/skipped_nonfinite) instead of stopping with an error that names the step.
-        compile: torch.compile the model (in place, before fit). Pays off on GPU; on a 2-core CPU the digits model
-            measured slower (686 vs 818 img/s) after 40 s of compilation.
+        skip_nonfinite: skip the optimizer update of a step whose loss or gradients are NaN or infinite (counted
+            in train/skipped_nonfinite) instead of stopping with an error that names the step. Decided on the
+            device, without a host sync per step (vit/nonfinite.py).
+        compile: torch.compile the model (in place, before fit). Pays off on GPU; on a 2-core CPU a digits epoch
+            ran 20% faster but compiling took 31 s (cold cache), more than make train's 60 epochs win back.
         class_names, mean, std: linked from the DataModule by `train.py`; saved for predict.
     """
 
@@ -151,11 +153,13 @@ class ViTClassifier(L.LightningModule):
             )
             self.soft_ce = SoftTargetCrossEntropy()
         top5 = min(5, num_classes)
-        self.train_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        # validate_args off for the per-step update: its checks read tensor values on the host (a sync per step)
+        self.train_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro", validate_args=False)
         self.val_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
+        self._guard, self._guard_on_device, self._skipped = NonFiniteGuard(), False, 0
 
     def configure_model(self) -> None:
         # In place, so that state-dict keys stay `model.*` (self.model = torch.compile(...) would add `_orig_mod.`).
@@ -182,21 +186,48 @@ class ViTClassifier(L.LightningModule):
             loss = loss + self.hparams.moe_aux_weight * aux
             self.log("train/moe_aux_loss", aux)
             self._expert_counts += torch.stack([m.expert_counts for m in self._moe_layers])
-        # One host sync per step: the price of naming the failing step before a NaN reaches the weights.
-        if not torch.isfinite(loss):
+        if self._guard_on_device:  # checked on the device before the update (on_before_optimizer_step)
+            self._guard.on_loss(loss, self.global_step, self.current_epoch, batch_idx)
+        elif not torch.isfinite(loss):  # an optimizer without `found_inf`: a host check (a sync) per step
             if self.hparams.skip_nonfinite:
-                self.log("train/skipped_nonfinite", 1.0, on_step=False, on_epoch=True, reduce_fx="sum")
+                self._skipped += 1
                 return None  # Lightning skips backward and the optimizer step
-            raise NonFiniteLossError(
-                f"non-finite loss ({loss.item()}) at step {self.global_step} (epoch {self.current_epoch}, batch "
-                f"{batch_idx}); checkpoints written so far are intact. Try a lower --model.lr, "
-                "--trainer.gradient_clip_val 1.0, or --model.skip_nonfinite true"
-            )
+            raise self._nonfinite_error(loss.item(), self.global_step, self.current_epoch, batch_idx)
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
+    def _nonfinite_error(self, loss: float, step: int, epoch: int, batch: int) -> NonFiniteLossError:
+        return NonFiniteLossError(
+            f"non-finite loss ({loss}) at step {step} (epoch {epoch}, batch {batch}); checkpoints written so far are "
+            "intact. Try a lower --model.lr, --trainer.gradient_clip_val 1.0, or --model.skip_nonfinite true"
+        )
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        if self._guard_on_device:
+            opt = getattr(optimizer, "optimizer", optimizer)  # the torch optimizer inside a LightningOptimizer
+            params = [p for group in opt.param_groups for p in group["params"]]
+            self._guard.before_optimizer_step(opt, params, self.global_step)
+
+    def _check_nonfinite(self) -> None:
+        """Read the device record (a sync; only where Lightning syncs anyway): stop naming the step, or count it."""
+        found = self._guard.take() if self._guard_on_device else None
+        if found is None:
+            return
+        count, step, epoch, batch, loss = found
+        if not self.hparams.skip_nonfinite:
+            raise self._nonfinite_error(loss, step, epoch, batch)
+        self._skipped += count
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+            self._check_nonfinite()
+
     def on_train_epoch_end(self) -> None:
         """train/acc of the epoch (synced across ranks by torchmetrics); expert usage, a histogram per MoE block."""
+        self._check_nonfinite()
+        if self._skipped:
+            self.log("train/skipped_nonfinite", float(self._skipped))
+            self._skipped = 0
         if self.train_acc.update_called:  # Mixup/CutMix batches have no hard labels to score
             self.log("train/acc", self.train_acc.compute())
             self.train_acc.reset()
@@ -216,6 +247,7 @@ class ViTClassifier(L.LightningModule):
         self._expert_counts.zero_()
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self._check_nonfinite()  # before anything is written: no checkpoint holds a step the record flags
         # RNG states as plain data (tensors, lists, ints): resuming continues the exact random stream (dropout,
         # drop-path, Mixup) and the file still loads with weights_only=True.
         kind, keys, pos, has_gauss, cached = np.random.get_state()
@@ -235,6 +267,7 @@ class ViTClassifier(L.LightningModule):
         self._loader_state = fit_state.get("combined_loader") or None
 
     def on_train_start(self) -> None:
+        self._guard_on_device = supports_found_inf(self.optimizers(use_pl_optimizer=False))
         loader_state, self._loader_state = getattr(self, "_loader_state", None), None
         loader = self.trainer.train_dataloader
         if loader_state and hasattr(loader, "load_state_dict"):
