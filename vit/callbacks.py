@@ -1,13 +1,14 @@
 """Lightning callbacks: attention maps in TensorBoard."""
 
+import io
 import logging
 
 import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from PIL import Image
 from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
-from torchvision.io import encode_png
 
 from vit.attention_maps import MeanDistancePlot, attention_panels
 
@@ -15,19 +16,23 @@ log = logging.getLogger(__name__)
 
 
 def _uint8(image: torch.Tensor) -> torch.Tensor:
-    """[0, 1] float CHW -> uint8: TensorBoard would convert it anyway, more slowly, through numpy."""
-    return (image * 255).round().to(torch.uint8)
+    """[0, 1] float CHW -> uint8, rounded (values are >= 0, so + 0.5 then truncation rounds)."""
+    return image.mul(255).add_(0.5).to(torch.uint8)
 
 
 def add_png(writer: SummaryWriter, tag: str, image: torch.Tensor, step: int) -> None:
-    """`writer.add_image` for a (C, H, W) uint8 image, encoded by libpng at compression level 1.
+    """`writer.add_image` for a (C, H, W) uint8 image, PNG-encoded by PIL at compression level 1.
 
-    add_image encodes through PIL at level 6: 118 ms for the six grids of an epoch on a 2-core CPU, against 19 ms
-    here (files ~20% larger). The event is the same Summary.Image that add_image writes.
+    add_image encodes at PIL's default level 6: 118 ms for the six grids of a digits epoch on a 2-core CPU, against
+    about a quarter of that here (files ~5% larger). The event is the same Summary.Image that add_image writes.
     """
     c, h, w = image.shape
-    png = encode_png(image.cpu().contiguous(), compression_level=1).numpy().tobytes()
-    value = Summary.Value(tag=tag, image=Summary.Image(height=h, width=w, colorspace=c, encoded_image_string=png))
+    buffer = io.BytesIO()
+    pixels = image.permute(1, 2, 0).cpu().numpy()
+    Image.fromarray(pixels[..., 0] if c == 1 else pixels).save(buffer, format="PNG", compress_level=1)
+    value = Summary.Value(
+        tag=tag, image=Summary.Image(height=h, width=w, colorspace=c, encoded_image_string=buffer.getvalue())
+    )
     writer._get_file_writer().add_summary(Summary(value=[value]), step)  # what add_image itself does with its Summary
 
 
