@@ -173,5 +173,23 @@ def main(args=None) -> ViTCLI:
         sys.exit(f"error: {' '.join(str(e).split())} (train.py fit --help lists the options)")
 
 
+def exit_without_teardown() -> None:
+    """Exit 0 now, skipping the interpreter's teardown of torch and its libraries: 1.5 s on a 2-core CPU (3% of
+    `make train`), measured as `import train` then a normal exit against os._exit. Safe only after a successful run:
+    Lightning has finalized the loggers, checkpoints were written atomically and fsynced; so only when no child
+    process (DataLoader workers) is left to shut down. Errors leave main() through sys.exit and never get here."""
+    import logging
+    import multiprocessing
+    import os
+
+    if multiprocessing.active_children():
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main()
+    exit_without_teardown()
