@@ -2,11 +2,11 @@
 
 `if not torch.isfinite(loss)` in a training step makes the host wait for the device (a synchronisation per step on
 GPU). Instead the decision stays on the device, as under torch's GradScaler: before each optimizer step the guard
-checks the gradients (after DDP's all-reduce, so every rank decides the same) and sets the optimizer's `found_inf`,
-which makes fused Adam/AdamW skip the update in its kernel (and take back its step count). The first bad step is
-recorded on the device; the host reads the record only where Lightning waits for the device anyway: at logging
-steps, at the end of the epoch and before a checkpoint is written, so no checkpoint ever holds a skipped step's
-damage and the error still names the step.
+checks the loss (and with several processes the all-reduced gradients, so every rank decides the same) and sets
+the optimizer's `found_inf`, which makes fused Adam/AdamW skip the update in its kernel (and take back its step
+count). The first bad step is recorded on the device; the host reads the record only where Lightning waits for the
+device anyway: at logging steps, at the end of the epoch and before a checkpoint is written, so no checkpoint ever
+holds a skipped step's damage and the error still names the step.
 
 Optimizers without that kernel (anything but fused Adam/AdamW) fall back to a host check per step.
 """
@@ -38,18 +38,25 @@ class NonFiniteGuard:
         self.last_loss = loss.detach().float()
         self.positions[step] = (epoch, batch)
 
-    def before_optimizer_step(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor], step: int) -> None:
+    def before_optimizer_step(
+        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor], step: int, world_size: int = 1
+    ) -> None:
         """Set `optimizer.found_inf` (a device tensor) and record the step if the loss or a gradient is not finite."""
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads or self.last_loss is None:
+        if self.last_loss is None:
             return
-        if self.first_step is None or self.first_step.device != grads[0].device:
-            self._reset(grads[0].device)
-        # One norm per gradient in one kernel: NaN or inf anywhere makes its norm NaN or inf.
-        grads_bad = ~torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()
-        # From the gradients only: after DDP's all-reduce they are the same on every rank, so is the decision.
-        optimizer.found_inf = grads_bad.float()  # read inside the fused kernel: no host sync
-        bad = grads_bad | ~torch.isfinite(self.last_loss)
+        device = self.last_loss.device
+        if self.first_step is None or self.first_step.device != device:
+            self._reset(device)
+        bad = ~torch.isfinite(self.last_loss)  # a NaN or inf loss makes NaN gradients
+        if world_size > 1:
+            # Ranks can disagree on their own loss; after DDP's all-reduce they share the gradients, so the skip is
+            # decided from those (a NaN or inf anywhere makes its norm NaN or inf; one kernel for all the norms).
+            grads = [p.grad for p in params if p.grad is not None]
+            found = ~torch.isfinite(torch.stack(torch._foreach_norm(grads))).all() if grads else torch.zeros_like(bad)
+            bad = bad | found
+        else:
+            found = bad
+        optimizer.found_inf = found.float()  # read inside the fused kernel: no host sync
         hit = bad & (self.first_step < 0)
         self.first_step = torch.where(hit, step, self.first_step)
         self.first_loss = torch.where(hit, self.last_loss, self.first_loss)
