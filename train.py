@@ -1,6 +1,6 @@
 """Train a Vision Transformer with LightningCLI.
 
-    python train.py fit --config configs/digits.yaml            # offline, ~1 min on a 2-core CPU
+    python train.py fit --config configs/digits.yaml            # offline, ~45 s on a 2-core CPU
     python train.py fit --config configs/cifar10.yaml --trainer.max_epochs 5
     python train.py fit --config configs/folder.yaml --data.root path/to/images
     python train.py fit --config configs/digits.yaml --print_config
