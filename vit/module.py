@@ -194,7 +194,8 @@ class ViTClassifier(L.LightningModule):
             raise self._nonfinite_error(loss.item(), self.global_step, self.current_epoch, batch_idx)
         # Only on the steps Lightning writes to the logger: each self.log costs ~1 ms of Lightning's bookkeeping on
         # CPU (5% of a digits step), and the progress bar shows the latest logged value.
-        if (self.global_step + 1) % max(1, self.trainer.log_every_n_steps) == 0:
+        trainer = self._trainer  # None when a user calls training_step by hand: log every step (self.log warns)
+        if trainer is None or (self.global_step + 1) % max(1, trainer.log_every_n_steps) == 0:
             self.log("train/loss", loss, prog_bar=True)
         return loss
 
