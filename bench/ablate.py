@@ -33,8 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def model_config(variant: Path | None) -> dict:
     cfg = dict(yaml.safe_load((ROOT / "configs" / "digits.yaml").read_text())["model"])
+    cfg["arch"] = dict(cfg.get("arch", {}))
     if variant is not None:
-        cfg.update(yaml.safe_load(variant.read_text())["model"])
+        extra = dict(yaml.safe_load(variant.read_text())["model"])
+        cfg["arch"].update(extra.pop("arch", {}))
+        cfg.update(extra)
     return cfg
 
 

@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--ckpt", required=True)
     args = ap.parse_args()
     model, hp = load_model(args.ckpt)
-    p, size = hp["patch_size"], hp["img_size"]
+    p, size = model.cfg.patch_size, model.cfg.img_size
     dm = DigitsDataModule(img_size=size)
     x = torch.stack([dm.val_set[i][0] for i in range(len(dm.val_set))])
     g = size // p

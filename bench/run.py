@@ -302,13 +302,14 @@ def case_lightning(device, rounds: int) -> list[dict]:
     import lightning as L
 
     from vit.data import DigitsDataModule
+    from vit.model import ViTConfig
     from vit.module import ViTClassifier
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     kw = dict(patch_size=8, embed_dim=64, depth=3, num_heads=2)  # configs/digits.yaml
     dm = DigitsDataModule(batch_size=64)
-    module = ViTClassifier(**kw)
+    module = ViTClassifier(arch=ViTConfig(**kw))
     accel = "gpu" if device.type == "cuda" else "cpu"
 
     def make_trainer() -> L.Trainer:

@@ -20,6 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from vit.callbacks import AttentionMapCallback
 from vit.data import DigitsDataModule
+from vit.model import ViTConfig
 from vit.module import ViTClassifier
 
 SMOKE = str(Path(__file__).parent.parent / "configs" / "smoke.yaml")
@@ -126,7 +127,8 @@ def test_without_tensorboard_it_does_nothing_and_says_so_once(in_tmp, caplog):
     )
     with caplog.at_level("WARNING", logger="vit.callbacks"):
         trainer.fit(
-            ViTClassifier(embed_dim=16, depth=1, num_heads=2, patch_size=8), datamodule=DigitsDataModule(batch_size=16)
+            ViTClassifier(arch=ViTConfig(embed_dim=16, depth=1, num_heads=2, patch_size=8)),
+            datamodule=DigitsDataModule(batch_size=16),
         )
     assert sum("no TensorBoardLogger" in r.message for r in caplog.records) == 1
     assert cb._images is None  # never even picked images

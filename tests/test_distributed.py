@@ -7,7 +7,7 @@ import torch
 from vit.data import DigitsDataModule
 from vit.module import ViTClassifier
 
-MODEL = dict(patch_size=8, embed_dim=32, depth=2, num_heads=2, drop_path_rate=0.0, warmup_epochs=0.5)
+MODEL = dict(arch=dict(patch_size=8, embed_dim=32, depth=2, num_heads=2), warmup_epochs=0.5)
 
 
 def _fit(devices: int, batch_size: int, tmp_path):

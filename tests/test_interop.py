@@ -132,10 +132,7 @@ def test_fine_tune_from_a_timm_file_on_digits(tmp_path):
     save_file({k: v.contiguous() for k, v in src.state_dict().items()}, tmp_path / "vit.safetensors")
     L.seed_everything(0)
     module = ViTClassifier(
-        **cfg,
-        global_pool="token",
-        qk_norm=False,
-        drop_path_rate=0.0,
+        arch=dict(**cfg, global_pool="token", qk_norm=False),
         lr=2e-3,
         warmup_epochs=0.2,
         layer_decay=0.75,
@@ -172,12 +169,7 @@ def test_init_from_a_different_architecture_is_one_clear_error(tmp_path):
     save_file({k: v.contiguous() for k, v in src.state_dict().items()}, tmp_path / "vit.safetensors")
     with pytest.raises(InteropError, match="depth 2 in the weights, 3 in the config"):
         ViTClassifier(
-            patch_size=8,
-            embed_dim=64,
-            depth=3,
-            num_heads=2,
-            global_pool="token",
-            qk_norm=False,
+            arch=dict(patch_size=8, embed_dim=64, depth=3, num_heads=2, global_pool="token", qk_norm=False),
             init_from=str(tmp_path / "vit.safetensors"),
         )
 
@@ -189,7 +181,7 @@ def test_freeze_backbone_trains_only_the_head_first(tmp_path):
     from vit.module import ViTClassifier
 
     L.seed_everything(0)
-    module = ViTClassifier(patch_size=8, embed_dim=32, depth=1, num_heads=2, freeze_backbone_epochs=1)
+    module = ViTClassifier(arch=dict(patch_size=8, embed_dim=32, depth=1, num_heads=2), freeze_backbone_epochs=1)
     before = {k: v.clone() for k, v in module.model.state_dict().items()}
     trainer = L.Trainer(
         max_epochs=1,

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vit.model import Attention, VisionTransformer, sincos_2d_pos_embed
+from vit.layers import sincos_2d_pos_embed
+from vit.model import Attention, VisionTransformer
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=7)
 CONFIGS = [

@@ -9,7 +9,7 @@ import torch.nn as nn
 from conftest import fit_in
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from vit.model import Block
+from vit.model import Block, ViTConfig
 from vit.moe import MoEMlp, route
 
 ROOT = Path(__file__).parent.parent
@@ -72,8 +72,8 @@ def test_load_balancing_loss_matches_switch_formula():
 
 def test_one_expert_is_the_dense_mlp():
     torch.manual_seed(0)
-    dense = Block(16, 2, drop_path=0.0).eval()
-    moe = Block(16, 2, moe_experts=1, moe_top_k=1).eval()
+    dense = Block(ViTConfig(embed_dim=16, num_heads=2)).eval()
+    moe = Block(ViTConfig(embed_dim=16, num_heads=2, moe_experts=1, moe_top_k=1)).eval()
     state = dense.state_dict()
     moe.load_state_dict({k.replace("mlp.", "mlp.experts.0."): v for k, v in state.items()}, strict=False)
     x = torch.randn(2, 5, 16)

@@ -150,7 +150,7 @@ def test_a_bad_checkpoint_is_one_line_and_exit_2(case, ckpt, images, tmp_path, c
         torch.save({"weights": torch.zeros(3)}, bad)
     elif case == "other_architecture":
         data = torch.load(ckpt, weights_only=True)
-        data["hyper_parameters"]["embed_dim"] = 48
+        data["hyper_parameters"]["arch"]["embed_dim"] = 48
         torch.save(data, bad)
     code, out, err = _run(capsys, "--ckpt", bad, images / "good")
     assert code == 2 and out == ""

@@ -32,7 +32,7 @@ ARGS = [
     "3",
     "--trainer.deterministic",
     "true",
-    "--model.drop_path_rate",
+    "--model.arch.drop_path_rate",
     "0.2",
     "--model.mixup_alpha",
     "0.5",

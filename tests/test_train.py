@@ -1,5 +1,7 @@
 """The training entry point end to end: configs parse, `fit` runs, checkpoints load back, the loop learns."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -9,6 +11,7 @@ import torch
 import train
 from vit.checkpoint import load_model
 from vit.data import DigitsDataModule
+from vit.model import ViTConfig
 from vit.module import ViTClassifier, warmup_cosine
 
 CONFIGS = sorted(Path(__file__).parent.parent.joinpath("configs").rglob("*.yaml"))
@@ -44,7 +47,7 @@ def test_smoke_fit_writes_a_checkpoint_that_loads_back(in_tmp):
 
 def test_a_bad_value_is_one_line_naming_field_and_value(in_tmp, capsys):
     with pytest.raises(SystemExit) as e:
-        train.main(["fit", "--config", SMOKE, "--model.patch_size", "5"])
+        train.main(["fit", "--config", SMOKE, "--model.arch.patch_size", "5"])
     assert str(e.value.code) == "error: img_size=32 is not divisible by patch_size=5"
 
 
@@ -56,7 +59,7 @@ def test_warmup_then_cosine():
 
 
 def test_without_layer_decay_two_param_groups_one_fused_kernel_each():
-    module = ViTClassifier(embed_dim=32, depth=3, num_heads=2, weight_decay=0.05)
+    module = ViTClassifier(arch=ViTConfig(embed_dim=32, depth=3, num_heads=2), weight_decay=0.05)
     module.trainer = type("T", (), {"estimated_stepping_batches": 100, "max_epochs": 10})()
     opt = module.configure_optimizers()["optimizer"]
     assert sorted(g["weight_decay"] for g in opt.param_groups) == [0.0, 0.05]
@@ -64,7 +67,7 @@ def test_without_layer_decay_two_param_groups_one_fused_kernel_each():
 
 
 def test_no_weight_decay_on_norms_biases_and_embeddings_and_layer_decay():
-    module = ViTClassifier(embed_dim=32, depth=2, num_heads=2, lr=1.0, layer_decay=0.5)
+    module = ViTClassifier(arch=ViTConfig(embed_dim=32, depth=2, num_heads=2), lr=1.0, layer_decay=0.5)
     module.trainer = type("T", (), {"estimated_stepping_batches": 100, "max_epochs": 10})()
     opt = module.configure_optimizers()["optimizer"]
     names = {id(p): n for n, p in module.model.named_parameters()}
@@ -85,9 +88,7 @@ def test_no_weight_decay_on_norms_biases_and_embeddings_and_layer_decay():
 def test_a_tiny_vit_learns_digits(in_tmp):
     """Correctness of the whole loop (data, model, loss, optimizer, schedule): not a speed test."""
     L.seed_everything(0)
-    model = ViTClassifier(
-        patch_size=8, embed_dim=64, depth=2, num_heads=2, lr=2e-3, warmup_epochs=1, drop_path_rate=0.0
-    )
+    model = ViTClassifier(arch=ViTConfig(patch_size=8, embed_dim=64, depth=2, num_heads=2), lr=2e-3, warmup_epochs=1)
     trainer = L.Trainer(
         max_epochs=12, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
     )
@@ -127,7 +128,7 @@ def test_fit_trains_on_a_folder_of_mixed_images(in_tmp):
             "0",
             "--data.init_args.batch_size",
             "4",
-            "--model.depth",
+            "--model.arch.depth",
             "1",
             "--trainer.enable_progress_bar",
             "false",
@@ -140,10 +141,13 @@ def test_fit_trains_on_a_folder_of_mixed_images(in_tmp):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--model.depth", "abc"], "error: Parser key \"model.depth\": Expected a <class 'int'>. Got value: abc"),
+        (
+            ["--model.arch.depth", "abc"],
+            "error: Parser key \"model.arch.depth\": Expected a <class 'int'>. Got value: abc",
+        ),
         (["--model.foo", "3"], "error: unrecognized arguments: --model.foo 3"),
-        (["--model.drop_path_rate", "-0.5"], "error: drop_path_rate=-0.5 must be in [0, 1)"),
-        (["--model.num_heads", "5"], "error: embed_dim=32 is not divisible by num_heads=5"),
+        (["--model.arch.drop_path_rate", "-0.5"], "error: drop_path_rate=-0.5 must be in [0, 1)"),
+        (["--model.arch.num_heads", "5"], "error: embed_dim=32 is not divisible by num_heads=5"),
         (["--data.init_args.batch_size", "0"], "error: batch_size=0 must be >= 1"),
     ],
 )
@@ -179,7 +183,7 @@ def test_the_training_step_reads_no_tensor_value_on_the_host(monkeypatch):
                 active[0] = False
 
         monkeypatch.setattr(ViTClassifier, hook, watched)
-    module = ViTClassifier(embed_dim=32, depth=2, num_heads=2, patch_size=8, drop_path_rate=0.1)
+    module = ViTClassifier(arch=ViTConfig(embed_dim=32, depth=2, num_heads=2, patch_size=8, drop_path_rate=0.1))
     trainer = L.Trainer(
         max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0
     )
@@ -188,27 +192,75 @@ def test_the_training_step_reads_no_tensor_value_on_the_host(monkeypatch):
     assert module._guard_on_device and trainer.global_step == 3
 
 
-def test_the_command_exits_0_without_teardown_and_loses_nothing(tmp_path):
-    """`python train.py` ends with os._exit (skipping torch's 1.5 s teardown): the exit status, the printed summary,
-    every TensorBoard event and the checkpoints must still be there; an error still exits 1 with its line."""
-    import subprocess
-    import sys
+def _train_py(cwd, *args: str, env=None) -> subprocess.CompletedProcess:
+    script = Path(__file__).parent.parent / "train.py"
+    return subprocess.run(
+        [sys.executable, str(script), *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env
+    )
+
+
+def test_the_command_exits_0_runs_teardown_and_loses_nothing(tmp_path):
+    """`python train.py --config ...` (no subcommand: fit) exits 0 through the interpreter's normal teardown: a user's
+    atexit handler (W&B, MLflow flush at exit) runs; the printed summary, every TensorBoard event and the checkpoints
+    are there; an error exits 1 with its line."""
+    import os
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    script = Path(__file__).parent.parent / "train.py"
-
-    def train_py(*args: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, str(script), "fit", "--config", SMOKE, *args]
-        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-
-    run = train_py("--trainer.enable_progress_bar", "false")
+    # sitecustomize runs in the child at start-up: it registers an atexit handler as a logger library would.
+    (tmp_path / "site").mkdir()
+    marker = tmp_path / "atexit-ran"
+    (tmp_path / "site" / "sitecustomize.py").write_text(
+        f"import atexit, pathlib\natexit.register(lambda: pathlib.Path({str(marker)!r}).write_text('ok'))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    run = _train_py(tmp_path, "--config", SMOKE, "--trainer.enable_progress_bar", "false", env=env)
     assert run.returncode == 0, run.stderr[-2000:]
+    assert marker.read_text() == "ok"
     assert "best val/acc" in run.stdout and "last:" in run.stdout
     ea = EventAccumulator(str(tmp_path / "logs" / "smoke" / "version_0"), size_guidance={"images": 0, "scalars": 0})
     ea.Reload()
     assert len(ea.Scalars("val/acc")) == 2 and len(ea.Images("attention/mean_distance")) == 2
     assert (tmp_path / "checkpoints" / "smoke" / "version_0" / "last.ckpt").is_file()
     load_model(tmp_path / "checkpoints" / "smoke" / "version_0" / "last.ckpt")
-    bad = train_py("--model.patch_size", "5")
+    bad = _train_py(tmp_path, "fit", "--config", SMOKE, "--model.arch.patch_size", "5")
     assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith("error: ")
+
+
+def test_bare_train_py_trains_cifar10_and_offline_says_where_to_put_it(in_tmp):
+    """No subcommand and no config: fit configs/cifar10.yaml. With no network and no data/, one line says which
+    archive to put where and that `make train` is the offline demo. (This machine has no network; where it has, the
+    download may begin instead: then we only check that it got as far as looking for CIFAR.)"""
+    run = _train_py(in_tmp)
+    last = run.stderr.strip().splitlines()[-1]
+    if run.returncode == 1:
+        assert last.startswith("error: cifar10 not found in data/ and not downloadable"), last
+        assert "put cifar-10-python.tar.gz" in last and "make train" in last
+    else:
+        assert "cifar" in (run.stdout + run.stderr).lower()
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        ([], ["fit", "--config", "configs/cifar10.yaml"]),
+        (["--config", "x.yaml"], ["fit", "--config", "x.yaml"]),
+        (["fit", "--config", "x.yaml"], ["fit", "--config", "x.yaml"]),
+        (["--data.root", "imgs"], ["fit", "--config", "configs/folder.yaml", "--data.root", "imgs"]),
+        (["validate", "--config", "x.yaml"], ["validate", "--config", "x.yaml"]),
+        (["--help"], ["--help"]),
+    ],
+)
+def test_default_subcommand_and_config(argv, expected):
+    out = train.normalize_args(argv)
+    # packaged configs resolve to a real file; an unknown path is left for jsonargparse to report
+    assert [a if not a.endswith(".yaml") or a == "x.yaml" else "configs/" + Path(a).name for a in out] == expected
+    assert all(Path(a).is_file() for a in out if a.endswith(".yaml") and a != "x.yaml")
+
+
+def test_an_old_flat_architecture_key_names_its_new_place(in_tmp):
+    (in_tmp / "old.yaml").write_text("model:\n  embed_dim: 32\n")
+    for args in (["--config", SMOKE, "--config", "old.yaml"], ["--config", SMOKE, "--model.embed_dim", "32"]):
+        with pytest.raises(SystemExit) as e:
+            train.main(args)
+        assert "model.embed_dim is now model.arch.embed_dim" in str(e.value.code)

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 import train
 from vit.attention_maps import capture_attention
 from vit.checkpoint import load_model
-from vit.model import Attention, Block, VisionTransformer, apply_rope, attention_pattern_mask, rope_2d
+from vit.layers import apply_rope, attention_pattern_mask, rope_2d
+from vit.model import Attention, Block, VisionTransformer, ViTConfig
 
 ROOT = Path(__file__).parent.parent
 VARIANTS = sorted((ROOT / "configs" / "variants").glob("*.yaml"))
@@ -104,8 +105,8 @@ def test_fused_and_manual_paths_agree_and_maps_can_be_drawn(name):
 
 
 def test_swiglu_keeps_the_parameter_count_and_matches_its_formula():
-    mlp = Block(48, 4, mlp_layer="mlp").mlp
-    glu = Block(48, 4, mlp_layer="swiglu").mlp
+    mlp = Block(ViTConfig(embed_dim=48, num_heads=4, mlp_layer="mlp")).mlp
+    glu = Block(ViTConfig(embed_dim=48, num_heads=4, mlp_layer="swiglu")).mlp
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert abs(count(glu) - count(mlp)) / count(mlp) < 0.02
     x = torch.randn(2, 5, 48)
@@ -125,7 +126,7 @@ def test_rmsnorm_matches_its_formula():
 
 
 def test_post_norm_block_matches_its_formula():
-    blk = Block(32, 4, norm_position="post").eval()
+    blk = Block(ViTConfig(embed_dim=32, num_heads=4, norm_position="post")).eval()
     x = torch.randn(2, 5, 32)
     h = blk.norm1(x + blk.attn(x))
     torch.testing.assert_close(blk(x), blk.norm2(h + blk.mlp(h)))

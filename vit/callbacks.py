@@ -105,7 +105,7 @@ class AttentionMapCallback(L.Callback):
             add_png(writer, f"attention/layer_{i}", _uint8(grid), step)
         add_png(writer, "attention/query_patch", _uint8(panels["query_patch"]), step)
         if self._plot is None:
-            self._plot = MeanDistancePlot(*panels["mean_distance"].shape, img_size=hp.img_size)
+            self._plot = MeanDistancePlot(*panels["mean_distance"].shape, img_size=pl_module.model.cfg.img_size)
         add_png(writer, "attention/mean_distance", self._plot.render(panels["mean_distance"]), step)
         for i, h in enumerate(panels["entropy"].tolist()):
             writer.add_scalar(f"attention/entropy/layer_{i}", h, step)

@@ -5,15 +5,12 @@ containers, so a checkpoint from a stranger cannot run code here. `ViTClassifier
 (numbers, strings, lists) for exactly this reason.
 """
 
-import inspect
 import pickle
 from pathlib import Path
 
 import torch
 
-from vit.model import VisionTransformer
-
-MODEL_ARGS = tuple(inspect.signature(VisionTransformer).parameters)
+from vit.model import VisionTransformer, ViTConfig
 
 
 class CheckpointError(ValueError):
@@ -42,15 +39,24 @@ def load_checkpoint(path: str | Path) -> dict:
     return ckpt
 
 
+def arch_from_hparams(hparams: dict) -> ViTConfig:
+    """The architecture saved in a checkpoint: `arch` (this version), or the flat fields of first-round checkpoints."""
+    if isinstance(hparams.get("arch"), dict):
+        return ViTConfig.from_dict(hparams["arch"])
+    return ViTConfig.from_dict(hparams, strict=False)
+
+
 def load_model(path: str | Path) -> tuple[VisionTransformer, dict]:
-    """The plain `VisionTransformer` of a training checkpoint, in eval mode, and its hyper-parameters (class names,
-    img_size, mean, std, ...)."""
+    """The plain `VisionTransformer` of a training checkpoint, in eval mode, and its hyper-parameters, with the
+    preprocessing facts at the top level: img_size, in_chans, mean, std, class_names."""
     ckpt = load_checkpoint(path)
     hparams = ckpt["hyper_parameters"]
     try:
-        model = VisionTransformer(**{k: hparams[k] for k in MODEL_ARGS if k in hparams})
+        cfg = arch_from_hparams(hparams)
+        model = VisionTransformer(cfg)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: hyper-parameters do not build a model ({e})") from None
+    hparams = {**hparams, "img_size": cfg.img_size, "in_chans": cfg.in_chans, "arch": cfg.to_dict()}
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     try:
         model.load_state_dict(state)

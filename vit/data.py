@@ -324,7 +324,8 @@ class CIFARDataModule(ImageClassificationData):
             reason = getattr(e, "reason", None) or str(e).splitlines()[0]
             raise DataError(
                 f"{self.dataset} not found in {self.root}/ and not downloadable ({reason}): put "
-                f"{cls.filename} (from {cls.url.rsplit('/', 1)[0]}/) in {self.root}/ and run again"
+                f"{cls.filename} (from {cls.url.rsplit('/', 1)[0]}/) in {self.root}/ and run again; "
+                "`make train` runs the offline digits demo"
             ) from None
         if ds.classes != self.class_names:
             raise DataError(

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 from timm.layers import Mlp, resample_abs_pos_embed, resample_patch_embed
 
-from vit.model import VisionTransformer
+from vit.model import VisionTransformer, ViTConfig
 
 HUB_PREFIXES = ("hf-hub:", "hf_hub:", "timm/")
 
@@ -66,7 +66,7 @@ def load_state_dict(source: str | Path | dict) -> dict[str, torch.Tensor]:
 
 
 def config_from_state_dict(sd: dict[str, torch.Tensor], num_heads: int | None = None) -> dict:
-    """Our constructor arguments for a timm ViT state dict (shapes tell all but the head count)."""
+    """The `ViTConfig` fields of a timm ViT state dict, as a dict (shapes tell all but the head count)."""
     if any(k.startswith("reg_token") for k in sd) or "attn_pool.latent" in sd:
         raise InteropError("register tokens and attention pooling have no counterpart in this model")
     w = sd["patch_embed.proj.weight"]  # (D, C, p, p)
@@ -144,7 +144,7 @@ def from_timm(
     new_classes = cfg["num_classes"] if num_classes is None else num_classes
     if new_classes != cfg["num_classes"]:
         sd.pop("head.weight", None), sd.pop("head.bias", None)
-    model = VisionTransformer(
+    arch = ViTConfig(
         **{
             **cfg,
             "img_size": img_size or cfg["img_size"],
@@ -152,6 +152,7 @@ def from_timm(
             "num_classes": new_classes,
         }
     )
+    model = VisionTransformer(arch)
     missing, unexpected = model.load_state_dict(sd, strict=False)
     allowed = {"head.weight", "head.bias"} if new_classes != cfg["num_classes"] else set()
     if set(missing) - allowed or unexpected:

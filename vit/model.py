@@ -4,12 +4,17 @@ No Lightning here: `vit/module.py` wraps this model for training. Submodule name
 `VisionTransformer` (`patch_embed.proj`, `pos_embed`, `blocks.N.attn.qkv`, `attn.q_norm`, `mlp.fc1`, `norm`, `head`)
 so that state dicts map onto timm's one to one.
 
-    model = VisionTransformer(img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=6, num_heads=3)
+Every architecture field is declared once, in `ViTConfig` below (type, default, meaning, validation); the YAML's
+`model.arch` section, checkpoints, timm interop and the recipe planner all read and write that one class.
+
+    model = VisionTransformer(ViTConfig(img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=6))
+    model = VisionTransformer(img_size=32, embed_dim=192)   # the same: keywords are ViTConfig's fields
     logits = model(images)  # (B, 3, 32, 32) -> (B, 10)
 """
 
+import dataclasses
 import math
-from functools import partial
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -17,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath, LayerScale, Mlp, SwiGLU, resample_abs_pos_embed, trunc_normal_
 
+from vit.layers import apply_rope, attention_pattern_mask, get_norm_layer, rope_2d, sincos_2d_pos_embed
 from vit.moe import MoEMlp
 
 NormName = Literal["layernorm", "rmsnorm"]
@@ -27,82 +33,153 @@ MlpName = Literal["mlp", "swiglu"]
 NormPosition = Literal["pre", "post"]
 
 
-def get_norm_layer(name: str) -> type[nn.Module]:
-    """The norm class for a config name. eps=1e-6 as timm's ViTs (torch's 1e-5 breaks exact timm parity)."""
-    norms = {"layernorm": partial(nn.LayerNorm, eps=1e-6), "rmsnorm": partial(nn.RMSNorm, eps=1e-6)}
-    if name not in norms:
-        raise ValueError(f"norm_layer={name!r} is not one of {sorted(norms)}")
-    return norms[name]
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
-def sincos_2d_pos_embed(grid_h: int, grid_w: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
-    """Fixed 2D sine-cosine position embedding of "Better plain ViT baselines" (big_vision's posemb_sincos_2d).
-
-    A quarter of the channels each: sin(x), cos(x), sin(y), cos(y). Returns (1, grid_h * grid_w, dim), row-major.
-    """
-    if dim % 4 != 0:
-        raise ValueError(f"embed_dim={dim} must be divisible by 4 for pos_embed='sincos2d'")
-    y, x = torch.meshgrid(
-        torch.arange(grid_h, dtype=torch.float32), torch.arange(grid_w, dtype=torch.float32), indexing="ij"
-    )
-    omega = torch.arange(dim // 4, dtype=torch.float32) / max(dim // 4 - 1, 1)
-    omega = 1.0 / temperature**omega  # (dim/4,)
-    y = y.flatten()[:, None] * omega[None, :]  # (N, dim/4)
-    x = x.flatten()[:, None] * omega[None, :]
-    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)[None]
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def rope_2d(grid: tuple[int, int], head_dim: int, theta: float = 100.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Axial 2D rotary embedding: cos and sin of (N, head_dim). The first half of each head's channels turns with the
-    patch row, the second half with its column, so q.k depends on the offset between two patches, not on where they
-    are. theta 100 (not 10000): a grid of a few dozen positions needs no slower frequencies."""
-    quarter = head_dim // 4
-    inv_freq = 1.0 / theta ** (torch.arange(quarter, dtype=torch.float32) / quarter)  # (Dh/4,)
-    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
-    ang_r = rows.flatten()[:, None].float() * inv_freq  # (N, Dh/4)
-    ang_c = cols.flatten()[:, None].float() * inv_freq
-    angles = torch.cat([ang_r, ang_r, ang_c, ang_c], dim=-1)  # (N, Dh): rotate-half pairs inside each axis half
-    return angles.cos(), angles.sin()
+@dataclass
+class ViTConfig:
+    """The architecture: every field the model is built from, its default and its meaning, validated on construction
+    (`ValueError` naming the field and the value). timm's names. In a YAML config this is the `model.arch` section;
+    `img_size`, `in_chans` and `num_classes` are linked from the data by train.py."""
 
+    img_size: int = 32
+    """Input height and width in pixels (linked from the data)."""
+    patch_size: int = 4
+    """Side of the square patches: (img_size / patch_size)^2 tokens."""
+    in_chans: int = 3
+    """Image channels (linked from the data)."""
+    num_classes: int = 10
+    """Classes of the head (linked from the data); 0: no head, the model returns pooled features."""
+    embed_dim: int = 192
+    """Token width D."""
+    depth: int = 6
+    """Number of transformer blocks."""
+    num_heads: int = 3
+    """Attention heads; embed_dim must divide by it."""
+    mlp_ratio: float = 4.0
+    """MLP hidden width as a multiple of embed_dim."""
+    qkv_bias: bool = True
+    """Bias in the q, k, v projection."""
+    qk_norm: bool = True
+    """Normalise q and k per head before the dot product (one norm over head_dim shared by the heads, as timm)."""
+    norm_layer: NormName = "layernorm"
+    """layernorm or rmsnorm, everywhere in the model."""
+    pos_embed: PosEmbedName = "learned"
+    """learned (a trained vector per grid cell), sincos2d (fixed), or rope2d (no absolute embedding, 2D rotary
+    embedding in attention only). Another input size resamples it."""
+    global_pool: PoolName = "avg"
+    """avg: mean of the patch tokens (no class token); token: a class token, read out."""
+    fc_norm: bool = False
+    """Final norm after pooling instead of on every token before it (timm's fc_norm)."""
+    drop_rate: float = 0.0
+    """Dropout after the position embedding, in the MLPs and projections, and before the head."""
+    attn_drop_rate: float = 0.0
+    """Dropout on the attention weights."""
+    drop_path_rate: float = 0.0
+    """Stochastic depth of the last block, growing linearly from 0 at the first."""
+    init_values: float | None = None
+    """LayerScale initial value (e.g. 1e-5); null: no LayerScale."""
+    rope: bool = False
+    """Add 2D rotary embedding in attention to a learned or sincos2d absolute embedding."""
+    num_kv_heads: int | None = None
+    """Key/value heads: fewer than num_heads is grouped-query attention, 1 multi-query; null: num_heads."""
+    attn_pattern: AttnPattern = "global"
+    """Which patches a patch attends to: global, local (a window), dilated, or sparse (local + dilated + global)."""
+    attn_window: int = 3
+    """Side of the local window, in patches."""
+    attn_dilation: int = 2
+    """Stride of the dilated pattern, in patches."""
+    attn_global_tokens: int = 1
+    """Patches that attend to and are attended by every patch in the sparse pattern."""
+    mlp_layer: MlpName = "mlp"
+    """mlp (GELU) or swiglu (2/3 of the hidden width: the same parameter count)."""
+    norm_position: NormPosition = "pre"
+    """pre (Pre-Norm, default) or post (the original Transformer's Post-Norm)."""
+    moe_experts: int = 0
+    """Mixture-of-Experts MLP with this many experts in every block; 0: a dense MLP."""
+    moe_top_k: int = 2
+    """Experts each token is routed to."""
+    moe_capacity_factor: float = 1.25
+    """Tokens an expert takes, as a multiple of an even share; 0: no limit."""
+    kv_latent_dim: int | None = None
+    """Multi-head latent attention: keys and values from one shared latent of this width; null: plain attention."""
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (..., N, Dh) by rope_2d's angles: in each axis half [a, b] -> [a cos - b sin, b cos + a sin]."""
-    x1, x2, x3, x4 = x.split(x.shape[-1] // 4, dim=-1)
-    return x * cos + torch.cat([-x2, x1, -x4, x3], dim=-1) * sin
+    def __post_init__(self) -> None:
+        c = self
+        for name in ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
+            if not _is_int(getattr(c, name)) or getattr(c, name) < 1:
+                raise ValueError(f"{name}={getattr(c, name)!r} must be a positive integer")
+        if not _is_int(c.num_classes) or c.num_classes < 0:
+            raise ValueError(f"num_classes={c.num_classes!r} must be an integer >= 0")
+        if c.img_size % c.patch_size:
+            raise ValueError(f"img_size={c.img_size} is not divisible by patch_size={c.patch_size}")
+        if c.embed_dim % c.num_heads:
+            raise ValueError(f"embed_dim={c.embed_dim} is not divisible by num_heads={c.num_heads}")
+        if not _is_number(c.mlp_ratio) or not 0 < c.mlp_ratio <= 64 or int(c.embed_dim * c.mlp_ratio) < 1:
+            raise ValueError(f"mlp_ratio={c.mlp_ratio!r} must be a number in (0, 64] giving at least one hidden unit")
+        params = c.depth * c.embed_dim**2 * (4 + 2 * c.mlp_ratio)  # attention 4 D^2, MLP 2 r D^2
+        if params > 2e10:
+            raise ValueError(f"embed_dim={c.embed_dim}, depth={c.depth}: {params:.1e} parameters would not fit")
+        for name, allowed in (
+            ("norm_layer", NormName),
+            ("pos_embed", PosEmbedName),
+            ("global_pool", PoolName),
+            ("attn_pattern", AttnPattern),
+            ("mlp_layer", MlpName),
+            ("norm_position", NormPosition),
+        ):
+            if getattr(c, name) not in allowed.__args__:
+                raise ValueError(f"{name}={getattr(c, name)!r} is not one of {list(allowed.__args__)}")
+        if (c.rope or c.pos_embed == "rope2d") and (c.embed_dim // c.num_heads) % 4:
+            raise ValueError(
+                f"embed_dim={c.embed_dim} / num_heads={c.num_heads}: 2D RoPE needs a head size divisible by 4"
+            )
+        if c.pos_embed == "sincos2d" and c.embed_dim % 4:
+            raise ValueError(f"embed_dim={c.embed_dim} must be divisible by 4 for pos_embed='sincos2d'")
+        for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
+            if not _is_number(getattr(c, name)) or not 0.0 <= getattr(c, name) < 1.0:
+                raise ValueError(f"{name}={getattr(c, name)!r} must be in [0, 1)")
+        if c.init_values is not None and (not _is_number(c.init_values) or not 0 < c.init_values <= 10):
+            raise ValueError(f"init_values={c.init_values!r} must be in (0, 10] (typically 1e-5 to 1), or null")
+        kv = c.num_kv_heads
+        if kv is not None and (not _is_int(kv) or kv < 1 or c.num_heads % kv):
+            raise ValueError(f"num_kv_heads={kv!r} must be a positive divisor of num_heads={c.num_heads}")
+        for name in ("attn_window", "attn_dilation"):
+            if not _is_int(getattr(c, name)) or getattr(c, name) < 1:
+                raise ValueError(f"{name}={getattr(c, name)!r} must be a positive integer")
+        if not _is_int(c.attn_global_tokens) or c.attn_global_tokens < 0:
+            raise ValueError(f"attn_global_tokens={c.attn_global_tokens!r} must be an integer >= 0")
+        if not _is_int(c.moe_experts) or c.moe_experts < 0:
+            raise ValueError(f"moe_experts={c.moe_experts!r} must be an integer >= 0 (0: a dense MLP)")
+        if c.moe_experts and (not _is_int(c.moe_top_k) or not 1 <= c.moe_top_k <= c.moe_experts):
+            raise ValueError(f"moe_top_k={c.moe_top_k!r} must be between 1 and moe_experts={c.moe_experts}")
+        if not _is_number(c.moe_capacity_factor) or c.moe_capacity_factor < 0:
+            raise ValueError(f"moe_capacity_factor={c.moe_capacity_factor!r} must be >= 0 (0: no capacity limit)")
+        lat = c.kv_latent_dim
+        if lat is not None and (not _is_int(lat) or lat < 1):
+            raise ValueError(f"kv_latent_dim={lat!r} must be a positive integer, or null for plain attention")
 
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        """The field names, in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
 
-def attention_pattern_mask(
-    grid: tuple[int, int],
-    pattern: str,
-    window: int = 3,
-    dilation: int = 2,
-    global_tokens: int = 1,
-    num_prefix_tokens: int = 0,
-) -> torch.Tensor:
-    """Which token may attend to which, over a 2D patch grid: (T, T) bool, T = prefix + gh * gw, True = allowed.
+    @classmethod
+    def from_dict(cls, d: dict, strict: bool = True) -> "ViTConfig":
+        """From a plain dict (a checkpoint's hyper-parameters); unknown keys are an error unless `strict` is off."""
+        unknown = sorted(set(d) - set(cls.fields()))
+        if strict and unknown:
+            raise ValueError(f"unknown architecture field(s) {unknown}; known: {list(cls.fields())}")
+        return cls(**{k: v for k, v in d.items() if k in cls.fields()})
 
-    local: a window x window square around the query patch. dilated: the patches at multiples of `dilation` rows
-    and columns away (atrous). sparse: local or dilated, plus `global_tokens` global patches (the first, row-major)
-    that attend to and are attended by every patch. Prefix tokens (the class token) are always global.
-    """
-    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
-    dr = rows.flatten()[:, None] - rows.flatten()[None, :]  # (N, N) row offset of key from query
-    dc = cols.flatten()[:, None] - cols.flatten()[None, :]
-    local = (dr.abs() <= window // 2) & (dc.abs() <= window // 2)
-    dilated = (dr % dilation == 0) & (dc % dilation == 0)
-    if pattern == "local":
-        allowed = local
-    elif pattern == "dilated":
-        allowed = dilated
-    elif pattern == "sparse":
-        glob = torch.arange(dr.shape[0]) < global_tokens
-        allowed = local | dilated | glob[None, :] | glob[:, None]
-    else:
-        raise ValueError(f"attn_pattern={pattern!r} is not one of ['global', 'local', 'dilated', 'sparse']")
-    p = num_prefix_tokens
-    mask = torch.ones(p + dr.shape[0], p + dr.shape[0], dtype=torch.bool)
-    mask[p:, p:] = allowed
-    return mask
+    def to_dict(self) -> dict:
+        """Plain types only: saved in checkpoints that load with weights_only=True."""
+        return dataclasses.asdict(self)
 
 
 class PatchEmbed(nn.Module):
@@ -133,6 +210,7 @@ class Attention(nn.Module):
     def __init__(
         self,
         dim: int,
+        *,
         num_heads: int,
         qkv_bias: bool = True,
         qk_norm: bool = True,
@@ -210,45 +288,44 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """Transformer block: Pre-Norm x + attn(norm1(x)), then x + mlp(norm2(x)) (or Post-Norm), LayerScale, DropPath."""
+    """Transformer block: Pre-Norm x + attn(norm1(x)), then x + mlp(norm2(x)) (or Post-Norm), LayerScale, DropPath.
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        qk_norm: bool = True,
-        proj_drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: float = 0.0,
-        init_values: float | None = None,
-        norm_layer: type[nn.Module] = nn.LayerNorm,
-        num_kv_heads: int | None = None,
-        mlp_layer: str = "mlp",
-        norm_position: str = "pre",
-        moe_experts: int = 0,
-        moe_top_k: int = 2,
-        moe_capacity_factor: float = 1.25,
-        kv_latent_dim: int | None = None,
-    ):
+    Built from the architecture config; `drop_path` is this block's own rate (it grows with depth)."""
+
+    def __init__(self, cfg: ViTConfig, drop_path: float = 0.0):
         super().__init__()
-        self.post_norm = norm_position == "post"
+        dim, norm_layer = cfg.embed_dim, get_norm_layer(cfg.norm_layer)
+        self.post_norm = cfg.norm_position == "post"
         self.norm1 = norm_layer(dim)
         self.attn = Attention(
-            dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, norm_layer, num_kv_heads, kv_latent_dim
+            dim,
+            num_heads=cfg.num_heads,
+            qkv_bias=cfg.qkv_bias,
+            qk_norm=cfg.qk_norm,
+            attn_drop=cfg.attn_drop_rate,
+            proj_drop=cfg.drop_rate,
+            norm_layer=norm_layer,
+            num_kv_heads=cfg.num_kv_heads,
+            kv_latent_dim=cfg.kv_latent_dim,
         )
-        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.ls1 = LayerScale(dim, cfg.init_values) if cfg.init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm_layer(dim)
-        hidden = int(dim * mlp_ratio)
-        if moe_experts > 0:  # E experts of the dense MLP's size: each token pays for top_k of them
-            self.mlp = MoEMlp(dim, hidden, moe_experts, moe_top_k, moe_capacity_factor, drop=proj_drop)
-        elif mlp_layer == "swiglu":  # three matrices instead of two: 2/3 of the hidden size keeps the parameter count
-            self.mlp = SwiGLU(dim, max(1, round(hidden * 2 / 3)), act_layer=nn.SiLU, drop=proj_drop)
+        hidden = int(dim * cfg.mlp_ratio)
+        if cfg.moe_experts > 0:  # E experts of the dense MLP's size: each token pays for top_k of them
+            self.mlp = MoEMlp(
+                dim,
+                hidden,
+                num_experts=cfg.moe_experts,
+                top_k=cfg.moe_top_k,
+                capacity_factor=cfg.moe_capacity_factor,
+                drop=cfg.drop_rate,
+            )
+        elif cfg.mlp_layer == "swiglu":  # three matrices instead of two: 2/3 of the hidden size keeps the parameters
+            self.mlp = SwiGLU(dim, max(1, round(hidden * 2 / 3)), act_layer=nn.SiLU, drop=cfg.drop_rate)
         else:
-            self.mlp = Mlp(dim, hidden, act_layer=nn.GELU, drop=proj_drop)
-        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+            self.mlp = Mlp(dim, hidden, act_layer=nn.GELU, drop=cfg.drop_rate)
+        self.ls2 = LayerScale(dim, cfg.init_values) if cfg.init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
@@ -260,130 +337,43 @@ class Block(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-    """ViT classifier. Argument names are timm's.
+    """ViT classifier built from a `ViTConfig`, or from its fields as keywords (overriding `cfg`'s)."""
 
-    Args:
-        pos_embed: 'learned' (one trained vector per grid cell), 'sincos2d' (fixed), or 'rope2d' (no absolute
-            embedding, 2D rotary in attention only). Another input resolution resamples the grid: bicubic for
-            learned, recomputed for sincos2d and RoPE.
-        rope: add 2D rotary position embedding in attention to a learned or sincos2d absolute embedding.
-        global_pool: 'avg' averages the patch tokens (no class token); 'token' prepends a class token and reads it.
-        fc_norm: apply the final norm after pooling instead of to every token before it (timm's `fc_norm`).
-        init_values: LayerScale init; None turns LayerScale off.
-    """
-
-    def __init__(
-        self,
-        img_size: int = 32,
-        patch_size: int = 4,
-        in_chans: int = 3,
-        num_classes: int = 10,
-        embed_dim: int = 192,
-        depth: int = 6,
-        num_heads: int = 3,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        qk_norm: bool = True,
-        norm_layer: NormName = "layernorm",
-        pos_embed: PosEmbedName = "learned",
-        global_pool: PoolName = "avg",
-        fc_norm: bool = False,
-        drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-        init_values: float | None = None,
-        rope: bool = False,
-        num_kv_heads: int | None = None,
-        attn_pattern: AttnPattern = "global",
-        attn_window: int = 3,
-        attn_dilation: int = 2,
-        attn_global_tokens: int = 1,
-        mlp_layer: MlpName = "mlp",
-        norm_position: NormPosition = "pre",
-        moe_experts: int = 0,
-        moe_top_k: int = 2,
-        moe_capacity_factor: float = 1.25,
-        kv_latent_dim: int | None = None,
-    ):
+    def __init__(self, cfg: ViTConfig | None = None, **fields):
         super().__init__()
-        _check_config(
-            img_size=img_size,
-            patch_size=patch_size,
-            in_chans=in_chans,
-            num_classes=num_classes,
-            embed_dim=embed_dim,
-            depth=depth,
-            num_heads=num_heads,
-            mlp_ratio=mlp_ratio,
-            pos_embed=pos_embed,
-            global_pool=global_pool,
-            drop_rate=drop_rate,
-            attn_drop_rate=attn_drop_rate,
-            drop_path_rate=drop_path_rate,
-            init_values=init_values,
-            num_kv_heads=num_kv_heads,
-            rope=rope,
-            attn_pattern=attn_pattern,
-            attn_window=attn_window,
-            attn_dilation=attn_dilation,
-            attn_global_tokens=attn_global_tokens,
-            mlp_layer=mlp_layer,
-            norm_position=norm_position,
-            moe_experts=moe_experts,
-            moe_top_k=moe_top_k,
-            moe_capacity_factor=moe_capacity_factor,
-            kv_latent_dim=kv_latent_dim,
-        )
-        norm = get_norm_layer(norm_layer)
-        self.num_classes = num_classes
-        self.embed_dim = embed_dim
-        self.global_pool = global_pool
-        self.grid_size = (img_size // patch_size, img_size // patch_size)
-        self.num_prefix_tokens = 1 if global_pool == "token" else 0
-        self.pos_embed_type = pos_embed
+        unknown = sorted(set(fields) - set(ViTConfig.fields()))
+        if unknown:
+            raise ValueError(f"unknown architecture field(s) {unknown}; known: {list(ViTConfig.fields())}")
+        cfg = dataclasses.replace(cfg or ViTConfig(), **fields)  # validated again by __post_init__
+        self.cfg = cfg
+        self.num_classes = cfg.num_classes
+        self.embed_dim = cfg.embed_dim
+        self.global_pool = cfg.global_pool
+        self.grid_size = (cfg.img_size // cfg.patch_size, cfg.img_size // cfg.patch_size)
+        self.num_prefix_tokens = 1 if cfg.global_pool == "token" else 0
+        self.pos_embed_type = cfg.pos_embed
+        norm = get_norm_layer(cfg.norm_layer)
 
-        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if global_pool == "token" else None
+        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.global_pool == "token" else None
         num_patches = self.grid_size[0] * self.grid_size[1]
-        self.use_rope = rope or pos_embed == "rope2d"
-        if pos_embed == "learned":
-            self.pos_embed = nn.Parameter(torch.zeros(1, num_patches, embed_dim))
-        elif pos_embed == "sincos2d":  # fixed: a buffer, not saved, recomputed for other grids
-            self.register_buffer("pos_embed", sincos_2d_pos_embed(*self.grid_size, embed_dim), persistent=False)
+        self.use_rope = cfg.rope or cfg.pos_embed == "rope2d"
+        if cfg.pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(1, num_patches, cfg.embed_dim))
+        elif cfg.pos_embed == "sincos2d":  # fixed: a buffer, not saved, recomputed for other grids
+            pe = sincos_2d_pos_embed(*self.grid_size, cfg.embed_dim)
+            self.register_buffer("pos_embed", pe, persistent=False)
         else:  # rope2d alone: positions enter only through the rotation of q and k
             self.pos_embed = None
-        self.pos_drop = nn.Dropout(drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth grows with depth
-        self.attn_pattern = (attn_pattern, attn_window, attn_dilation, attn_global_tokens)
+        self.pos_drop = nn.Dropout(cfg.drop_rate)
+        dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()  # stochastic depth grows with depth
+        self.attn_pattern = (cfg.attn_pattern, cfg.attn_window, cfg.attn_dilation, cfg.attn_global_tokens)
         self._masks: dict = {}  # (grid, device) -> mask, ("rope", grid, device) -> (cos, sin): once per input size
-        self.blocks = nn.ModuleList(
-            [
-                Block(
-                    embed_dim,
-                    num_heads,
-                    mlp_ratio,
-                    qkv_bias,
-                    qk_norm,
-                    drop_rate,
-                    attn_drop_rate,
-                    dpr[i],
-                    init_values,
-                    norm,
-                    num_kv_heads,
-                    mlp_layer,
-                    norm_position,
-                    moe_experts,
-                    moe_top_k,
-                    moe_capacity_factor,
-                    kv_latent_dim,
-                )
-                for i in range(depth)
-            ]
-        )
-        self.norm = nn.Identity() if fc_norm else norm(embed_dim)
-        self.fc_norm = norm(embed_dim) if fc_norm else nn.Identity()
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.blocks = nn.ModuleList([Block(cfg, drop_path=dpr[i]) for i in range(cfg.depth)])
+        self.norm = nn.Identity() if cfg.fc_norm else norm(cfg.embed_dim)
+        self.fc_norm = norm(cfg.embed_dim) if cfg.fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -461,68 +451,3 @@ class VisionTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _check_config(**cfg) -> None:
-    """Raise ValueError naming the field and value for a configuration that cannot build a model."""
-    for name in ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
-        if not isinstance(cfg[name], int) or isinstance(cfg[name], bool) or cfg[name] < 1:
-            raise ValueError(f"{name}={cfg[name]!r} must be a positive integer")
-    if not isinstance(cfg["num_classes"], int) or isinstance(cfg["num_classes"], bool) or cfg["num_classes"] < 0:
-        raise ValueError(f"num_classes={cfg['num_classes']!r} must be an integer >= 0")
-    if cfg["img_size"] % cfg["patch_size"]:
-        raise ValueError(f"img_size={cfg['img_size']} is not divisible by patch_size={cfg['patch_size']}")
-    if cfg["embed_dim"] % cfg["num_heads"]:
-        raise ValueError(f"embed_dim={cfg['embed_dim']} is not divisible by num_heads={cfg['num_heads']}")
-    if (
-        not _is_number(cfg["mlp_ratio"])
-        or not 0 < cfg["mlp_ratio"] <= 64
-        or int(cfg["embed_dim"] * cfg["mlp_ratio"]) < 1
-    ):
-        raise ValueError(f"mlp_ratio={cfg['mlp_ratio']!r} must be a number in (0, 64] giving at least one hidden unit")
-    params = cfg["depth"] * cfg["embed_dim"] ** 2 * (4 + 2 * cfg["mlp_ratio"])  # attention 4 D^2, MLP 2 r D^2
-    if params > 2e10:
-        raise ValueError(f"embed_dim={cfg['embed_dim']}, depth={cfg['depth']}: {params:.1e} parameters would not fit")
-    if cfg["pos_embed"] not in ("learned", "sincos2d", "rope2d"):
-        raise ValueError(f"pos_embed={cfg['pos_embed']!r} is not one of ['learned', 'sincos2d', 'rope2d']")
-    if (cfg["rope"] or cfg["pos_embed"] == "rope2d") and (cfg["embed_dim"] // cfg["num_heads"]) % 4:
-        raise ValueError(
-            f"embed_dim={cfg['embed_dim']} / num_heads={cfg['num_heads']}: 2D RoPE needs a head size divisible by 4"
-        )
-    if cfg["pos_embed"] == "sincos2d" and cfg["embed_dim"] % 4:
-        raise ValueError(f"embed_dim={cfg['embed_dim']} must be divisible by 4 for pos_embed='sincos2d'")
-    if cfg["global_pool"] not in ("avg", "token"):
-        raise ValueError(f"global_pool={cfg['global_pool']!r} is not one of ['avg', 'token']")
-    for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
-        if not _is_number(cfg[name]) or not 0.0 <= cfg[name] < 1.0:
-            raise ValueError(f"{name}={cfg[name]!r} must be in [0, 1)")
-    if cfg["init_values"] is not None and (not _is_number(cfg["init_values"]) or not 0 < cfg["init_values"] <= 10):
-        raise ValueError(f"init_values={cfg['init_values']!r} must be in (0, 10] (typically 1e-5 to 1), or null")
-    kv = cfg["num_kv_heads"]
-    if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or cfg["num_heads"] % kv):
-        raise ValueError(f"num_kv_heads={kv!r} must be a positive divisor of num_heads={cfg['num_heads']}")
-    if cfg["attn_pattern"] not in ("global", "local", "dilated", "sparse"):
-        raise ValueError(f"attn_pattern={cfg['attn_pattern']!r} is not one of ['global', 'local', 'dilated', 'sparse']")
-    for name in ("attn_window", "attn_dilation"):
-        if not isinstance(cfg[name], int) or isinstance(cfg[name], bool) or cfg[name] < 1:
-            raise ValueError(f"{name}={cfg[name]!r} must be a positive integer")
-    if not isinstance(cfg["attn_global_tokens"], int) or cfg["attn_global_tokens"] < 0:
-        raise ValueError(f"attn_global_tokens={cfg['attn_global_tokens']!r} must be an integer >= 0")
-    if cfg["mlp_layer"] not in ("mlp", "swiglu"):
-        raise ValueError(f"mlp_layer={cfg['mlp_layer']!r} is not one of ['mlp', 'swiglu']")
-    if cfg["norm_position"] not in ("pre", "post"):
-        raise ValueError(f"norm_position={cfg['norm_position']!r} is not one of ['pre', 'post']")
-    E, k = cfg["moe_experts"], cfg["moe_top_k"]
-    if not isinstance(E, int) or isinstance(E, bool) or E < 0:
-        raise ValueError(f"moe_experts={E!r} must be an integer >= 0 (0: a dense MLP)")
-    if E and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= E):
-        raise ValueError(f"moe_top_k={k!r} must be between 1 and moe_experts={E}")
-    if not _is_number(cfg["moe_capacity_factor"]) or cfg["moe_capacity_factor"] < 0:
-        raise ValueError(f"moe_capacity_factor={cfg['moe_capacity_factor']!r} must be >= 0 (0: no capacity limit)")
-    lat = cfg["kv_latent_dim"]
-    if lat is not None and (not isinstance(lat, int) or isinstance(lat, bool) or lat < 1):
-        raise ValueError(f"kv_latent_dim={lat!r} must be a positive integer, or null for plain attention")

@@ -5,7 +5,6 @@ the model and preprocess an image (architecture, class names, image size, mean, 
 checkpoint's `hyper_parameters`, so checkpoints load with `torch.load(weights_only=True)`.
 """
 
-import inspect
 import math
 import random
 
@@ -19,11 +18,9 @@ from timm.loss import SoftTargetCrossEntropy
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit.interop import load_timm_weights
-from vit.model import AttnPattern, MlpName, NormName, NormPosition, PoolName, PosEmbedName, VisionTransformer
+from vit.model import VisionTransformer, ViTConfig
 from vit.moe import MoEMlp
 from vit.nonfinite import NonFiniteGuard, supports_found_inf
-
-MODEL_ARGS = tuple(inspect.signature(VisionTransformer).parameters)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -43,9 +40,9 @@ class ViTClassifier(L.LightningModule):
             architecture (embed_dim, depth, num_heads, patch_size, global_pool, ...).
         layer_decay: layer-wise learning-rate decay (BEiT): block i of L gets lr * layer_decay ** (L + 1 - i).
         freeze_backbone_epochs: train only the head (and fc_norm) for this many epochs first.
-        moe_experts, moe_top_k, moe_capacity_factor: a Mixture-of-Experts MLP in every block (0 experts: dense);
-            its load-balancing loss enters the training loss times `moe_aux_weight`, logged as train/moe_aux_loss,
-            and each epoch's expert usage goes to TensorBoard as histograms moe/expert_usage/layer_i.
+        arch: the architecture (`vit.model.ViTConfig`; a dict of its fields also works): `model.arch` in YAML.
+        moe_aux_weight: with `arch.moe_experts`, the weight of the load-balancing loss in the training loss (logged as
+            train/moe_aux_loss); each epoch's expert usage goes to TensorBoard as histograms moe/expert_usage/layer_i.
         skip_nonfinite: skip the optimizer update of a step whose loss or gradients are NaN or infinite (counted
             in train/skipped_nonfinite) instead of stopping with an error that names the step. Decided on the
             device, without a host sync per step (vit/nonfinite.py).
@@ -56,37 +53,8 @@ class ViTClassifier(L.LightningModule):
 
     def __init__(
         self,
-        num_classes: int = 10,
-        img_size: int = 32,
-        in_chans: int = 3,
-        patch_size: int = 4,
-        embed_dim: int = 192,
-        depth: int = 6,
-        num_heads: int = 3,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        qk_norm: bool = True,
-        norm_layer: NormName = "layernorm",
-        pos_embed: PosEmbedName = "learned",
-        global_pool: PoolName = "avg",
-        fc_norm: bool = False,
-        drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.1,
-        init_values: float | None = None,
-        rope: bool = False,
-        num_kv_heads: int | None = None,
-        attn_pattern: AttnPattern = "global",
-        attn_window: int = 3,
-        attn_dilation: int = 2,
-        attn_global_tokens: int = 1,
-        mlp_layer: MlpName = "mlp",
-        norm_position: NormPosition = "pre",
-        moe_experts: int = 0,
-        moe_top_k: int = 2,
-        moe_capacity_factor: float = 1.25,
+        arch: ViTConfig = ViTConfig(),  # noqa: B008 (a frozen-by-convention default: replaced, never mutated)
         moe_aux_weight: float = 0.01,
-        kv_latent_dim: int | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -127,19 +95,23 @@ class ViTClassifier(L.LightningModule):
             raise ValueError(f"layer_decay={layer_decay} must be in (0, 1]")
         if freeze_backbone_epochs < 0:
             raise ValueError(f"freeze_backbone_epochs={freeze_backbone_epochs} must be >= 0")
+        if isinstance(arch, dict):  # load_from_checkpoint passes the saved hyper-parameters back: arch is a dict
+            arch = ViTConfig.from_dict(arch)
+        num_classes = arch.num_classes
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"class_names has {len(class_names)} names but num_classes={num_classes}")
         # Plain types only (lists, not tuples of objects): the checkpoint must load with weights_only=True.
         self.save_hyperparameters()
         self.hparams.update(
+            arch=arch.to_dict(),
             class_names=list(class_names) if class_names else None,
             mean=[float(v) for v in mean],
             std=[float(v) for v in std],
             betas=[float(b) for b in betas],
         )
-        self.model = VisionTransformer(**{k: self.hparams[k] for k in MODEL_ARGS})
+        self.model = VisionTransformer(arch)
         self._moe_layers = [m for m in self.model.modules() if isinstance(m, MoEMlp)]  # a list: not re-registered
-        self._expert_counts = torch.zeros(len(self._moe_layers), moe_experts, dtype=torch.long)
+        self._expert_counts = torch.zeros(len(self._moe_layers), arch.moe_experts, dtype=torch.long)
         if init_from:
             load_timm_weights(self.model, init_from)
         self.mixup = None

@@ -1,0 +1,245 @@
+"""The training command, `vit-train` (or `python train.py`): LightningCLI with this toolkit's defaults.
+
+    vit-train                                   # fit configs/cifar10.yaml (CIFAR-10 from data/, downloaded if it can)
+    vit-train --config configs/digits.yaml      # `fit` is the default subcommand
+    vit-train fit --config configs/folder.yaml --data.root path/to/images
+    vit-train validate --config configs/digits.yaml --ckpt_path checkpoints/digits/version_0/last.ckpt
+
+A `--config configs/NAME.yaml` that does not exist where you run it is taken from the configs shipped with the package,
+so the commands above work from any folder. Checkpoints go to checkpoints/<run>/version_<n>/ (best by val/acc, last.ckpt
+every epoch, last-step.ckpt every `--checkpoint_every_n_steps` steps or else every 5 minutes, all written atomically),
+TensorBoard logs to logs/<run>/version_<n>/. Resuming (`--ckpt_path last`) continues in the same folders.
+"""
+
+import re
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from jsonargparse import ArgumentError
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
+
+from vit.callbacks import AttentionMapCallback
+from vit.checkpoint import CheckpointError, load_checkpoint
+from vit.checkpoint_io import AtomicCheckpointIO
+from vit.data import DataError, ImageClassificationData
+from vit.module import NonFiniteLossError, ViTClassifier
+
+# Facts about the data that the model must agree with: taken from the DataModule, never typed twice.
+LINKED = {
+    "num_classes": "model.arch.num_classes",
+    "img_size": "model.arch.img_size",
+    "in_chans": "model.arch.in_chans",
+    "class_names": "model.class_names",
+    "mean": "model.mean",
+    "std": "model.std",
+}
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+DEFAULT_CONFIG = "configs/cifar10.yaml"  # the product's main job
+FOLDER_CONFIG = "configs/folder.yaml"  # `--data.root PATH` without a config: your own images
+
+
+class ViTCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.monitor": "val/acc",
+                "checkpoint.mode": "max",
+                "checkpoint.save_last": False,  # see last_checkpoint
+                # No "val/acc" inside the name: the slash would make a sub-folder.
+                "checkpoint.filename": "best-epoch{epoch:03d}",
+                "checkpoint.auto_insert_metric_name": False,
+            }
+        )
+        # Lightning 2.6 writes `save_last` only when the monitored checkpoint was saved in the same step, so a
+        # `last.ckpt` would lag behind whenever val/acc did not improve. A second callback with no monitor keeps
+        # exactly one checkpoint, the latest, every epoch.
+        parser.add_lightning_class_args(ModelCheckpoint, "last_checkpoint")
+        parser.set_defaults(
+            {
+                "last_checkpoint.filename": "last",
+                "last_checkpoint.monitor": None,
+                "last_checkpoint.save_top_k": 1,
+                "last_checkpoint.enable_version_counter": False,
+            }
+        )
+        parser.add_argument(
+            "--checkpoint_every_n_steps",
+            type=int | None,
+            default=None,
+            help="also write last-step.ckpt every N training steps (default: every 5 minutes of training)",
+        )
+        parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
+        parser.set_defaults({"lr_monitor.logging_interval": "step"})
+        parser.add_lightning_class_args(AttentionMapCallback, "attention_maps")  # on in every config
+        for field, target in LINKED.items():
+            parser.link_arguments(f"data.{field}", target, apply_on="instantiate")
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI reads the checkpoint's hyper-parameters before anything else: check the file first, so that a
+        # missing, truncated or pickle-carrying checkpoint is one line (it is loaded with weights_only=True).
+        ckpt = self.config.get("subcommand") and self.config[self.config.subcommand].get("ckpt_path")
+        if ckpt and ckpt != "last":
+            try:
+                load_checkpoint(ckpt)
+            except CheckpointError as e:
+                sys.exit(f"error: {e}")
+        super()._parse_ckpt_path()
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as e:  # our constructors name the field and value: one line, no traceback
+            sys.exit(f"error: {root_cause(e)}")
+
+    def instantiate_trainer(self, **kwargs):
+        return super().instantiate_trainer(plugins=[AtomicCheckpointIO()], **kwargs)
+
+    def before_fit(self) -> None:
+        config = self.config[self.subcommand]
+        every = config.get("checkpoint_every_n_steps")
+        if every is not None and every < 1:
+            sys.exit(f"error: checkpoint_every_n_steps={every} must be >= 1")
+        # Mid-epoch checkpoints bound the work a kill can cost: by steps when asked, else by wall time.
+        step_ckpt = ModelCheckpoint(
+            filename="last-step",
+            monitor=None,
+            save_top_k=1,
+            enable_version_counter=False,
+            every_n_train_steps=every,
+            train_time_interval=None if every else timedelta(minutes=5),
+        )
+        self.trainer.callbacks.append(step_ckpt)
+        self._resume_in_place(config)
+        if self.trainer.strategy.root_device.type == "cuda":
+            torch.set_float32_matmul_precision("high")  # TF32 matmuls for fp32 on Ampere and newer
+        logger = self.trainer.logger
+        run = f"{logger.name}/version_{logger.version}" if logger else "default"
+
+        for cb in self.trainer.checkpoint_callbacks:
+            cb.dirpath = str(Path("checkpoints", run).resolve())
+        self._start = time.perf_counter()
+
+    def _resume_in_place(self, config) -> None:
+        """`--ckpt_path last`: the newest last*.ckpt of this run name; and for a checkpoint of checkpoints/<name>/
+        version_<n>/, logs and new checkpoints continue in version_<n>."""
+        ckpt, logger = config.get("ckpt_path"), self.trainer.logger
+        if not ckpt or logger is None:
+            return
+        if ckpt == "last":
+            found = sorted(
+                Path("checkpoints", logger.name).glob("version_*/last*.ckpt"), key=lambda p: p.stat().st_mtime
+            )
+            if not found:
+                sys.exit(f"error: --ckpt_path last: no last*.ckpt under checkpoints/{logger.name}/ to resume from")
+            ckpt = str(found[-1])
+            self.config_init[self.subcommand]["ckpt_path"] = ckpt
+        match = re.fullmatch(r"version_(\d+)", Path(ckpt).parent.name)
+        if match and Path(ckpt).parent.parent.name == logger.name:
+            logger._version = int(match.group(1))  # before anything asks the logger for its folder
+
+    def after_fit(self) -> None:
+        cbs = self.trainer.checkpoint_callbacks
+        cb, last = next(c for c in cbs if c.monitor), next(c for c in cbs if c.monitor is None)
+        if self.trainer.is_global_zero and cb.best_model_path:
+            print(
+                f"\nbest val/acc {float(cb.best_model_score):.4f} after {time.perf_counter() - self._start:.0f} s"
+                f"\ncheckpoint: {cb.best_model_path}\nlast:       {last.best_model_path}"
+            )
+
+
+def root_cause(e: BaseException) -> BaseException:
+    """The innermost ValueError of a chain: jsonargparse wraps ours in a multi-line Union report."""
+    inner = e
+    while (nxt := inner.__cause__ or inner.__context__) is not None and isinstance(nxt, ValueError):
+        inner = nxt
+    return inner
+
+
+def packaged_config(path: str) -> Path:
+    """`path` if it exists, else the config of that name shipped with the package (`configs/X.yaml` -> the wheel's
+    `vit/configs/X.yaml`, or the repository's `configs/` for a source checkout)."""
+    p = Path(path)
+    if p.exists():
+        return p
+    rel = Path(*p.parts[1:]) if p.parts and p.parts[0] == "configs" else p
+    here = Path(__file__).resolve().parent
+    for root in (here / "configs", here.parent / "configs"):
+        if (root / rel).is_file():
+            return root / rel
+    return p  # jsonargparse reports the missing file
+
+
+def normalize_args(argv: Sequence[str]) -> list[str]:
+    """timm-style command lines for LightningCLI: no subcommand means `fit`; `fit` without a config trains
+    configs/cifar10.yaml (configs/folder.yaml when `--data.root` is given); config paths resolve as packaged_config."""
+    argv = list(argv)
+    if argv and argv[0] in ("-h", "--help"):
+        return argv
+    sub, rest = (argv[0], argv[1:]) if argv and argv[0] in SUBCOMMANDS else ("fit", argv)
+    has_config = any(a == "--config" or a.startswith("--config=") for a in rest)
+    if sub == "fit" and not has_config:
+        data_root = any(a.split("=")[0] in ("--data.root", "--data.init_args.root") for a in rest)
+        rest = ["--config", FOLDER_CONFIG if data_root else DEFAULT_CONFIG, *rest]
+    out = []
+    for i, a in enumerate(rest):
+        if a.startswith("--config="):
+            a = f"--config={packaged_config(a.split('=', 1)[1])}"
+        elif i > 0 and rest[i - 1] == "--config":
+            a = str(packaged_config(a))
+        out.append(a)
+    return [sub, *out]
+
+
+def moved_field_hint(message: str) -> str:
+    """Old configs had the architecture flat under `model:`; name the new place of such a key."""
+    from vit.model import ViTConfig
+
+    for key in re.findall(r"\b(?:model\.)?(\w+)", message):
+        if key in ViTConfig.fields() and f"arch.{key}" not in message:
+            return f" (architecture fields moved: model.{key} is now model.arch.{key})"
+    return ""
+
+
+def main(args: Sequence[str] | None = None) -> ViTCLI:
+    """Parse, train (or validate/test), print where the checkpoints are. Errors end in one line and exit 1."""
+    argv = normalize_args(sys.argv[1:] if args is None else args)
+    # We hand LightningCLI the rewritten sys.argv on purpose; its warning about args beside sys.argv is noise here.
+    warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
+    try:
+        return ViTCLI(
+            ViTClassifier,
+            ImageClassificationData,
+            subclass_mode_data=True,
+            args=argv,
+            save_config_kwargs={"overwrite": True},
+            # raise instead of printing the whole usage: main() prints one line naming the key and the value
+            parser_kwargs={"exit_on_error": False},
+            trainer_defaults={
+                "logger": {
+                    "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                    "init_args": {"save_dir": "logs", "name": "vit"},
+                }
+            },
+        )
+    except (DataError, CheckpointError, NonFiniteLossError) as e:
+        sys.exit(f"error: {e}")
+    except ArgumentError as e:  # jsonargparse: wrong type, unknown key, bad YAML
+        msg = " ".join(str(e).split())
+        sys.exit(f"error: {msg}{moved_field_hint(msg)} (vit-train fit --help lists the options)")
+
+
+def run() -> int:
+    """The `vit-train` console script: exit status 0 after a successful run (errors exit 1 with one line)."""
+    main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())
