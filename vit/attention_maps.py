@@ -239,17 +239,22 @@ class MeanDistancePlot:
         return torch.from_numpy(rgba[..., :3].copy()).permute(2, 0, 1)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (the README's commands are checked against it)."""
+    ap = argparse.ArgumentParser(prog="vit-attention", description=main.__doc__)
+    ap.add_argument("--ckpt", required=True, help="a checkpoint written by train.py")
+    ap.add_argument("--out", required=True, help="folder for the PNGs (created)")
+    ap.add_argument("--size", type=int, default=128, help="display size of each tile in pixels")
+    ap.add_argument("images", nargs="+", help="image files")
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write `<stem>_attention.png` per image: the image above its rollout overlay, and the per-head maps."""
     from vit.checkpoint import CheckpointError, load_model
     from vit.data import describe, eval_transform, read_image
 
-    ap = argparse.ArgumentParser(prog="python -m vit.attention_maps", description=main.__doc__)
-    ap.add_argument("--ckpt", required=True, help="a checkpoint written by train.py")
-    ap.add_argument("--out", required=True, help="folder for the PNGs (created)")
-    ap.add_argument("--size", type=int, default=128, help="display size of each tile in pixels")
-    ap.add_argument("images", nargs="+", help="image files")
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         model, hp = load_model(args.ckpt)
     except CheckpointError as e:

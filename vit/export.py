@@ -47,15 +47,20 @@ def export(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (the README's commands are checked against it)."""
     ap = argparse.ArgumentParser(
-        prog="python -m vit.export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="vit-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--format", choices=("onnx", "torchscript"), required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--opset", type=int, default=18, help="ONNX opset (>= 14 for attention; default 18)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         model, hp = load_model(args.ckpt)
     except CheckpointError as e:

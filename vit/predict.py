@@ -178,7 +178,8 @@ def format_records(records: list[dict], fmt: str, topk: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (the README's commands are checked against it)."""
     ap = argparse.ArgumentParser(
         prog="vit-predict", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -193,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--attention-out", metavar="DIR", help="also write an attention-rollout overlay PNG per image")
     ap.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, folders (recursive) or globs")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.topk < 1 or args.batch_size < 1:
         ap.error("--topk and --batch-size must be >= 1")

@@ -1,0 +1,94 @@
+"""The README's commands are real: every command line in its shell code blocks parses with the parser of the command
+it names (`--print_config` for training, the argparse parser of the others), and its Python blocks compile. A
+command this test does not know fails it, so a new kind of command in the README needs a line here."""
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import train
+from vit import attention_maps, export, predict
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+EXTERNAL = ("tensorboard", "pip", "git")  # other tools' commands, shown for convenience
+
+
+def code_blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README, re.S)
+
+
+def commands() -> list[str]:
+    """Each command of the bash blocks: comments dropped, continuation lines joined."""
+    out = []
+    for block in code_blocks("bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                out.append(line)
+    return out
+
+
+def train_argv(words: list[str]) -> list[str] | None:
+    """The vit-train argv of a training command, or None if it is not one."""
+    if words[:2] == ["python", "train.py"] or words[:1] == ["vit-train"]:
+        return words[2:] if words[0] == "python" else words[1:]
+    if words[:2] == ["make", "train"]:
+        opts = dict(w.split("=", 1) for w in words[2:])
+        argv = ["fit", "--config", opts.get("CONFIG", "configs/digits.yaml"), *shlex.split(opts.get("ARGS", ""))]
+        return argv + (["--ckpt_path", "last"] if opts.get("RESUME") else [])
+    return None
+
+
+PARSERS = {
+    ("vit-predict",): predict.build_parser,
+    ("python", "predict.py"): predict.build_parser,
+    ("vit-export",): export.build_parser,
+    ("python", "-m", "vit.export"): export.build_parser,
+    ("vit-attention",): attention_maps.build_parser,
+    ("python", "-m", "vit.attention_maps"): attention_maps.build_parser,
+}
+
+
+def test_the_readme_shows_commands():
+    assert len(commands()) >= 15
+
+
+@pytest.mark.parametrize("line", commands())
+def test_each_readme_command_parses(line, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing a parse might write lands in the repository
+    words = shlex.split(line)
+    if words[0] in EXTERNAL:
+        return
+    if words == ["make", "test"]:
+        assert subprocess.run(["make", "-n", "-C", str(ROOT), "test"], capture_output=True).returncode == 0
+        return
+    argv = train_argv(words)
+    if argv is not None:
+        with pytest.raises(SystemExit) as e:
+            train.main([*argv, "--print_config"])
+        assert e.value.code in (0, None), e.value.code
+        assert "model:" in capsys.readouterr().out
+        return
+    for prefix, parser in PARSERS.items():
+        if tuple(words[: len(prefix)]) == prefix:
+            parser().parse_args(words[len(prefix) :])  # argparse exits 2 on an unknown flag or a bad choice
+            return
+    if words[:2] == ["python", "bench"] or (words[0] == "python" and words[1].startswith("bench/")):
+        run = subprocess.run([sys.executable, *words[1:], "--help"], cwd=ROOT, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-1000:]
+        return
+    pytest.fail(f"README command not checked by this test: {line}")
+
+
+@pytest.mark.parametrize("i", range(len(code_blocks("python"))))
+def test_readme_python_blocks_compile(i):
+    compile(code_blocks("python")[i], f"README python block {i}", "exec")
+
+
+def test_readme_is_short():
+    assert len(README.splitlines()) <= 250
