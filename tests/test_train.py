@@ -264,3 +264,17 @@ def test_an_old_flat_architecture_key_names_its_new_place(in_tmp):
         with pytest.raises(SystemExit) as e:
             train.main(args)
         assert "model.embed_dim is now model.arch.embed_dim" in str(e.value.code)
+
+
+def test_help_shows_each_architecture_field_with_its_meaning(capsys):
+    from vit.model import ViTConfig
+
+    with pytest.raises(SystemExit):
+        train.main(["fit", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(
+        f"--model.arch.{name}" in out
+        for name in ViTConfig.fields()
+        if name not in ("img_size", "in_chans", "num_classes")
+    )  # linked from the data
+    assert "Normalise q and k per head before the dot product" in out  # the docstring under the field

@@ -20,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-from jsonargparse import ArgumentError
+from jsonargparse import ArgumentError, set_parsing_settings
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
@@ -209,6 +209,8 @@ def moved_field_hint(message: str) -> str:
 
 def main(args: Sequence[str] | None = None) -> ViTCLI:
     """Parse, train (or validate/test), print where the checkpoints are. Errors end in one line and exit 1."""
+    # `--help` shows each ViTConfig field's meaning: the docstring under its declaration in vit/model.py.
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
     argv = normalize_args(sys.argv[1:] if args is None else args)
     # We hand LightningCLI the rewritten sys.argv on purpose; its warning about args beside sys.argv is noise here.
     warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
