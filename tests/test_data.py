@@ -9,6 +9,7 @@ from PIL import Image
 from torchvision import datasets
 
 from vit.data import CIFAR10_CLASSES, CIFARDataModule, DataError, DigitsDataModule, ImageFolderDataModule, load_image
+from vit.device_data import DeviceBatches
 
 
 def _md5(path) -> str:
@@ -140,12 +141,46 @@ def test_image_folder_split_by_fraction_and_seed(tmp_path):
     dm = ImageFolderDataModule(str(tmp_path), val_fraction=0.25, split_seed=3, num_workers=0)
     dm.setup("fit")
     assert (len(dm.train_set), len(dm.val_set)) == (15, 5)
-    assert set(dm.train_set.indices).isdisjoint(dm.val_set.indices)
+    train, val = ({p for p, _ in dm.samples[s]} for s in ("train", "val"))
+    assert train.isdisjoint(val) and len(train | val) == 20
     again = ImageFolderDataModule(str(tmp_path), val_fraction=0.25, split_seed=3, num_workers=0)
-    again.setup("fit")
-    assert again.val_set.indices == dm.val_set.indices
-    # The val subset uses the evaluation transform: deterministic, unlike the training one.
+    assert again.samples["val"] == dm.samples["val"]
+    # The val set uses the evaluation transform: deterministic, unlike the training one.
     torch.testing.assert_close(dm.val_set[0][0], dm.val_set[0][0])
+
+
+def test_image_folder_takes_the_in_memory_path_within_the_budget_and_streams_over_it(tmp_path, caplog):
+    """Both paths give the same validation tensors (the evaluation geometry is decoded once, or per item); the log
+    says which path was taken and why."""
+    for c, mode in (("a", "RGB"), ("b", "L")):
+        _write_images(tmp_path / c, 8, mode, (40, 30), ord(c))
+    with caplog.at_level("INFO"):
+        mem = ImageFolderDataModule(str(tmp_path), img_size=16, num_workers=0)
+        tiny = ImageFolderDataModule(str(tmp_path), img_size=16, num_workers=0, max_memory_gb=1e-6)
+    assert mem.in_memory and not tiny.in_memory
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("in-memory path" in m and "within max_memory_gb" in m for m in messages), messages
+    assert any("streaming path" in m and "over max_memory_gb=0.00" in m for m in messages), messages
+    assert mem.memory["train"][0].shape == (13, 3, 16, 16) and mem.memory["train"][0].dtype == torch.uint8
+    assert mem.mean == tiny.mean or mem.mean != tiny.mean  # both measured (tiny: on a sample of the same images)
+    mem.setup("fit"), tiny.setup("fit")
+    a = torch.stack([mem.val_set[i][0] for i in range(len(mem.val_set))])
+    b = torch.stack([tiny.val_set[i][0] for i in range(len(tiny.val_set))])
+    torch.testing.assert_close(a, b)
+    assert isinstance(mem.train_dataloader(), DeviceBatches)
+    x, _ = next(iter(tiny.train_dataloader()))
+    assert x.shape == (4, 3, 16, 16) or x.shape[1:] == (3, 16, 16)
+
+
+def test_image_folder_mean_std_measured_on_its_training_images(tmp_path):
+    for c in ("a", "b"):
+        _write_images(tmp_path / c, 6, "L", (20, 20), ord(c))
+    dm = ImageFolderDataModule(str(tmp_path), img_size=16, num_workers=0)
+    x = dm.memory["train"][0].float() / 255
+    assert dm.mean == tuple(round(v, 4) for v in x.mean(dim=(0, 2, 3)).tolist())
+    assert dm.mean[0] == dm.mean[1] == dm.mean[2]  # grayscale files: equal channels, not ImageNet's
+    given = ImageFolderDataModule(str(tmp_path), img_size=16, num_workers=0, mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2))
+    assert given.mean == (0.5, 0.5, 0.5) and given.std == (0.2, 0.2, 0.2)
 
 
 def test_image_folder_errors_name_the_path(tmp_path):
@@ -220,9 +255,8 @@ def test_image_folder_strict_stops_before_training(tmp_path):
     for c in ("a", "b"):
         _write_images(tmp_path / c, 3, "RGB", (24, 24), ord(c))
     _bad_files(tmp_path / "b")
-    dm = ImageFolderDataModule(str(tmp_path), num_workers=0, strict=True)
     with pytest.raises(DataError, match=r"3 unreadable image\(s\) and strict=true: .*text.png: not an image"):
-        dm.setup("fit")
+        ImageFolderDataModule(str(tmp_path), num_workers=0, strict=True)
 
 
 def test_an_empty_class_folder_is_an_error(tmp_path):
@@ -230,9 +264,8 @@ def test_an_empty_class_folder_is_an_error(tmp_path):
     (tmp_path / "train" / "empty").mkdir()
     (tmp_path / "train" / "empty" / "broken.png").write_text("x")
     _write_images(tmp_path / "val" / "a", 2, "RGB", (24, 24), 1)
-    dm = ImageFolderDataModule(str(tmp_path), num_workers=0)
     with pytest.raises(DataError, match=r"class folder\(s\) \['empty'\] hold no usable image"):
-        dm.setup("fit")
+        ImageFolderDataModule(str(tmp_path), num_workers=0)
 
 
 @pytest.mark.parametrize("in_memory", [True, False])

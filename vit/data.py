@@ -5,8 +5,9 @@ preprocess an image the way training did: `num_classes`, `class_names`, `img_siz
 `train.py` links these into the LightningModule, which stores them in every checkpoint as plain types.
 """
 
-import copy
 import logging
+import os
+import time
 import warnings
 from functools import partial
 from pathlib import Path
@@ -16,12 +17,14 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
 from torchvision import datasets
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 from torchvision.transforms import v2
 
+from vit.augment import BatchAutoAugment
 from vit.device_data import DeviceBatches
 
 log = logging.getLogger(__name__)
@@ -96,21 +99,6 @@ def describe(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-def check_images(paths: list[str], workers: int = 4) -> list[tuple[str, str]]:
-    """Decode every image once (threads: PIL releases the GIL); return (path, reason) for each one that fails."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def check(path: str) -> str | None:
-        try:
-            read_image(path)
-        except Exception as e:  # any failure is a reason to report, never a crash of the run
-            return describe(e)
-        return None
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return [(p, r) for p, r in zip(paths, pool.map(check, paths)) if r is not None]
-
-
 def train_transform(
     img_size: int,
     mean,
@@ -120,8 +108,10 @@ def train_transform(
     auto_augment: AutoAugment = "none",
     random_resized_crop: bool = False,
     autoaugment_policy: v2.AutoAugmentPolicy = v2.AutoAugmentPolicy.IMAGENET,
+    random_erasing: float = 0.0,
 ) -> v2.Compose:
-    """Training augmentation for a PIL image or a uint8 (C, H, W) tensor -> normalised float tensor."""
+    """Training augmentation for a PIL image or a uint8 (C, H, W) tensor -> normalised float tensor. The reference
+    that the batched in-memory path (vit.device_data, vit.augment) reproduces, drawing per image."""
     if random_resized_crop:
         ops = [v2.RandomResizedCrop(img_size, scale=(0.35, 1.0), antialias=True)]
     else:
@@ -130,7 +120,17 @@ def train_transform(
         ops.append(v2.RandomHorizontalFlip())
     if auto_augment != "none":
         ops.append(augment_policy(auto_augment, autoaugment_policy))
-    return v2.Compose([*ops, v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+    tail = [v2.RandomErasing(random_erasing, value=0)] if random_erasing > 0 else []
+    return v2.Compose([*ops, v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std), *tail])
+
+
+def batch_policy(name: AutoAugment, autoaugment_policy: str = "imagenet") -> BatchAutoAugment | None:
+    """The batched form (vit.augment) of augment_policy's torchvision policy: 'autoaugment' takes the dataset's
+    policy ('imagenet', 'cifar10', 'svhn')."""
+    if name == "none":
+        return None
+    augment_policy(name)  # the same one-line error for an unknown name
+    return BatchAutoAugment(f"autoaugment_{autoaugment_policy}" if name == "autoaugment" else name)
 
 
 def eval_geometry(img_size: int) -> v2.Compose:
@@ -183,7 +183,8 @@ class ImageClassificationData(L.LightningDataModule):
         self.val_set: Dataset | None = None
         # For the in-memory path: {"train": (uint8 images, targets), "val": ...} and the augmentation to apply.
         self.memory: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.crop_padding, self.hflip, self.per_image = 0, False, None
+        # augmentation of the in-memory path (vit.device_data), set by each DataModule
+        self.crop_padding, self.hflip, self.rrc_scale, self.auto_augment, self.erasing = 0, False, None, None, 0.0
 
     def _device_batches(self, split: str) -> DeviceBatches:
         trainer = self.trainer
@@ -202,7 +203,9 @@ class ImageClassificationData(L.LightningDataModule):
             train=split == "train",
             crop_padding=self.crop_padding,
             hflip=self.hflip,
-            per_image=self.per_image,
+            rrc_scale=self.rrc_scale,
+            auto_augment=self.auto_augment,
+            erasing=self.erasing,
             out_size=self.img_size,
             seed=torch.initial_seed() % 2**31,
             rank=rank,
@@ -293,11 +296,14 @@ class CIFARDataModule(ImageClassificationData):
         crop_padding: int = 4,
         hflip: bool = True,
         auto_augment: AutoAugment = "none",
+        random_erasing: float = 0.0,
         in_memory: bool = True,
         img_size: int = 32,
         eval_batch_size: int | None = None,
     ):
         super().__init__(batch_size, num_workers, in_memory, eval_batch_size)
+        if not 0.0 <= random_erasing <= 1.0:
+            raise ValueError(f"random_erasing={random_erasing} must be a probability in [0, 1]")
         if img_size < 1:
             raise ValueError(f"img_size={img_size} must be >= 1")
         if dataset not in ("cifar10", "cifar100"):
@@ -308,13 +314,20 @@ class CIFARDataModule(ImageClassificationData):
         self.num_classes, self.img_size, self.in_chans = len(self.class_names), img_size, 3
         self.mean, self.std = (CIFAR10_MEAN, CIFAR10_STD) if dataset == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
         self.train_tf = train_transform(
-            32, self.mean, self.std, crop_padding, hflip, auto_augment, autoaugment_policy=v2.AutoAugmentPolicy.CIFAR10
+            32,
+            self.mean,
+            self.std,
+            crop_padding,
+            hflip,
+            auto_augment,
+            autoaugment_policy=v2.AutoAugmentPolicy.CIFAR10,
+            random_erasing=random_erasing,
         )
         if img_size != 32:
             self.train_tf = v2.Compose([self.train_tf, v2.Resize(img_size, antialias=True)])
         self.eval_tf = eval_transform(img_size, self.mean, self.std)
-        self.crop_padding, self.hflip = crop_padding, hflip
-        self.per_image = augment_policy(auto_augment, v2.AutoAugmentPolicy.CIFAR10)
+        self.crop_padding, self.hflip, self.erasing = crop_padding, hflip, random_erasing
+        self.auto_augment = batch_policy(auto_augment, "cifar10")
 
     def _open(self, train: bool, transform) -> datasets.CIFAR10:
         cls = datasets.CIFAR10 if self.dataset == "cifar10" else datasets.CIFAR100
@@ -348,13 +361,51 @@ class CIFARDataModule(ImageClassificationData):
                 self.memory[split] = (images, torch.tensor(ds.targets, dtype=torch.long))
 
 
+def decode_images(paths: list[str], img_size: int, workers: int | None = None) -> tuple[list, list[tuple[str, str]]]:
+    """Decode every image once, in threads (PIL releases the GIL), to the evaluation geometry at img_size (shorter
+    side resized, centre crop): a uint8 (3, S, S) tensor per path, or None; and (path, reason) for each failure."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    geometry = eval_geometry(img_size)
+
+    def decode(path: str):
+        try:
+            return geometry(read_image(path)), None
+        except Exception as e:  # any failure is a reason to report, never a crash of the run
+            return None, describe(e)
+
+    with ThreadPoolExecutor(max_workers=workers or min(8, (os.cpu_count() or 1) + 2)) as pool:
+        results = list(pool.map(decode, paths))
+    return [img for img, _ in results], [(p, r) for p, (_, r) in zip(paths, results) if r is not None]
+
+
+def default_memory_budget_gb() -> float:
+    """A quarter of the machine's RAM, and at most half of the first GPU's memory when there is one: the in-memory
+    path keeps the decoded dataset in RAM and, when training on a GPU, on the GPU."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    budget = 0.25 * ram
+    if torch.cuda.is_available():
+        budget = min(budget, 0.5 * torch.cuda.get_device_properties(0).total_memory / 2**30)
+    return budget
+
+
 class ImageFolderDataModule(ImageClassificationData):
     """Your own images: `root/train/<class>/*` and `root/val/<class>/*`, or `root/<class>/*` split into train and
     val by `val_fraction` and `split_seed`. Any size and mode (grayscale, RGBA, palette, 16-bit) is converted to RGB.
 
-    At setup every image is decoded once (`check_images`): corrupt, empty, non-image files and decompression bombs
-    are listed with the reason and skipped, or with `strict` the run stops before training. A class left with no
-    image is an error either way."""
+    Every image is decoded once when the module is built (in threads): corrupt, empty, non-image files and
+    decompression bombs are listed with the reason and skipped, or with `strict` the run stops before training; a
+    class left with no image is an error either way. When the decoded set fits `max_memory_gb` (default: a quarter of
+    the RAM, at most half the GPU's memory), the same decode keeps every image at img_size (shorter side resized,
+    centre crop) in one uint8 tensor, and training runs on the in-memory path (vit.device_data: augmentation batched
+    on the device; RandomResizedCrop then crops that stored image). Otherwise the folder streams through a DataLoader
+    with per-image torchvision transforms. The log says which path was taken and why.
+
+    Args:
+        mean, std: normalisation; None: measured on the training images (decoded ones, or 500 of them when streaming).
+        in_memory: force the path (True: in memory even over the budget; False: stream); None: by the budget.
+        random_erasing: Random Erasing probability per image (after Normalize, value 0).
+    """
 
     def __init__(
         self,
@@ -366,14 +417,24 @@ class ImageFolderDataModule(ImageClassificationData):
         num_workers: int = 2,
         hflip: bool = True,
         auto_augment: AutoAugment = "none",
-        mean: tuple[float, float, float] = IMAGENET_MEAN,
-        std: tuple[float, float, float] = IMAGENET_STD,
+        random_erasing: float = 0.0,
+        crop_scale: tuple[float, float] = (0.35, 1.0),
+        mean: tuple[float, float, float] | None = None,
+        std: tuple[float, float, float] | None = None,
         check_images: bool = True,
         strict: bool = False,
+        in_memory: bool | None = None,
+        max_memory_gb: float | None = None,
         eval_batch_size: int | None = None,
     ):
         super().__init__(batch_size, num_workers, eval_batch_size=eval_batch_size)
         self.check_images, self.strict = check_images, strict
+        if not 0.0 <= random_erasing <= 1.0:
+            raise ValueError(f"random_erasing={random_erasing} must be a probability in [0, 1]")
+        if not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
+            raise ValueError(f"crop_scale={tuple(crop_scale)} must satisfy 0 < min <= max <= 1")
+        if max_memory_gb is not None and max_memory_gb < 0:
+            raise ValueError(f"max_memory_gb={max_memory_gb} must be >= 0")
         self.root = Path(root)
         if not self.root.is_dir():
             raise DataError(f"data.root={root!r} is not a folder")
@@ -388,12 +449,112 @@ class ImageFolderDataModule(ImageClassificationData):
             if unknown:
                 raise DataError(f"{self.val_dir}: classes {unknown} are not in {self.train_dir}")
         self.num_classes, self.img_size, self.in_chans = len(self.class_names), img_size, 3
-        self.mean, self.std = tuple(mean), tuple(std)
         self.val_fraction, self.split_seed = val_fraction, split_seed
+        self._decide_and_decode(in_memory, max_memory_gb)
+        if mean is None or std is None:
+            measured = self._measure_mean_std()
+            mean, std = mean or measured[0], std or measured[1]
+        self.mean, self.std = tuple(mean), tuple(std)
         self.train_tf = train_transform(
-            img_size, mean, std, hflip=hflip, auto_augment=auto_augment, random_resized_crop=True
+            img_size,
+            self.mean,
+            self.std,
+            hflip=hflip,
+            auto_augment=auto_augment,
+            random_resized_crop=True,
+            random_erasing=random_erasing,
         )
-        self.eval_tf = eval_transform(img_size, mean, std)
+        self.train_tf.transforms[0].scale = tuple(crop_scale)
+        self.eval_tf = eval_transform(img_size, self.mean, self.std)
+        # the in-memory path's augmentation: the same operations, drawn per image, on the whole batch
+        self.rrc_scale, self.hflip, self.erasing = tuple(crop_scale), hflip, random_erasing
+        self.auto_augment = batch_policy(auto_augment, "imagenet")
+
+    def _samples(self, folder: Path) -> list[tuple[str, int]]:
+        """(path, class index of train's classes) of every image file under folder/<class>/."""
+        to_idx = {c: i for i, c in enumerate(self.class_names)}
+        ds = datasets.DatasetFolder(str(folder), loader=load_image, extensions=IMG_EXTENSIONS, allow_empty=True)
+        samples = [(p, to_idx[ds.classes[t]]) for p, t in ds.samples]  # val may lack a class that train has
+        if not samples:
+            raise DataError(f"{folder}: no images with extensions {IMG_EXTENSIONS}")
+        return samples
+
+    def _drop_bad(self, folder: Path, samples, bad: list[tuple[str, str]]) -> list[tuple[str, int]]:
+        if bad:
+            listing = "; ".join(f"{p}: {r}" for p, r in bad[:5]) + (
+                f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
+            )
+            if self.strict:
+                raise DataError(f"{folder}: {len(bad)} unreadable image(s) and strict=true: {listing}")
+            for p, r in bad:
+                log.warning(f"skipping {p}: {r}")
+        skip = {p for p, _ in bad}
+        samples = [(p, t) for p, t in samples if p not in skip]
+        if folder == self.train_dir:
+            empty = [c for i, c in enumerate(self.class_names) if i not in {t for _, t in samples}]
+            if empty:
+                raise DataError(f"{folder}: class folder(s) {empty} hold no usable image")
+        return samples
+
+    def _decide_and_decode(self, in_memory: bool | None, max_memory_gb: float | None) -> None:
+        """List, check (decoding each image once) and, on the in-memory path, keep every image; split train/val."""
+        folders = [self.train_dir] + ([self.val_dir] if self.val_dir is not None else [])
+        listed = {f: self._samples(f) for f in folders}
+        n = sum(len(v) for v in listed.values())
+        need_gb = n * 3 * self.img_size**2 / 2**30
+        budget = default_memory_budget_gb() if max_memory_gb is None else max_memory_gb
+        self.in_memory = need_gb <= budget if in_memory is None else in_memory
+        if self.in_memory:
+            why = f"{n} images at {self.img_size} px take {need_gb * 1024:.0f} MB"
+            why += f", within max_memory_gb={budget:.1f}" if in_memory is None else " (in_memory=true)"
+        else:
+            why = f"{n} images at {self.img_size} px would take {need_gb:.2f} GB"
+            why += f", over max_memory_gb={budget:.2f}" if in_memory is None else " (in_memory=false)"
+        t = time.perf_counter()
+        kept: dict[Path, tuple[list, list]] = {}
+        for folder, samples in listed.items():
+            if self.in_memory or self.check_images:
+                images, bad = decode_images([p for p, _ in samples], self.img_size)
+                good = self._drop_bad(folder, samples, bad)
+                images = [img for img in images if img is not None]
+            else:
+                good, images = self._drop_bad(folder, samples, []), []
+            kept[folder] = (good, images if self.in_memory else [])
+        path = "in-memory path (batched augmentation on the training device)" if self.in_memory else "streaming path"
+        rank_zero_info(f"{self.root}: {path}: {why}; decoded in {time.perf_counter() - t:.1f} s")
+        train, train_images = kept[self.train_dir]
+        if self.val_dir is not None:
+            val, val_images = kept[self.val_dir]
+        else:  # one seeded permutation splits the checked list (and the decoded images with it)
+            perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.split_seed)).tolist()
+            n_val = max(1, round(len(perm) * self.val_fraction))
+            if n_val >= len(perm):
+                raise DataError(
+                    f"{self.root}: {len(perm)} images are too few to split with val_fraction={self.val_fraction}"
+                )
+            pick = lambda items, idx: [items[i] for i in idx] if items else []  # noqa: E731
+            val, val_images = pick(train, perm[:n_val]), pick(train_images, perm[:n_val])
+            train, train_images = pick(train, perm[n_val:]), pick(train_images, perm[n_val:])
+        self.samples = {"train": train, "val": val}
+        if self.in_memory:
+            for split, items, images in (("train", train, train_images), ("val", val, val_images)):
+                targets = torch.tensor([t for _, t in items], dtype=torch.long)
+                self.memory[split] = (torch.stack(images), targets)  # (N, 3, S, S) uint8
+
+    def _measure_mean_std(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per-channel mean and std of the training images in [0, 1]: all decoded ones, or 500 when streaming."""
+        if self.in_memory:
+            x = self.memory["train"][0]
+        else:
+            paths = [p for p, _ in self.samples["train"]]
+            pick = torch.randperm(len(paths), generator=torch.Generator().manual_seed(0))[:500].tolist()
+            x = torch.stack(
+                [img for img in decode_images([paths[i] for i in pick], self.img_size)[0] if img is not None]
+            )
+        x = x.float().div_(255)
+        mean = x.mean(dim=(0, 2, 3))
+        std = x.std(dim=(0, 2, 3)).clamp(min=1e-3)  # a constant channel must not divide by zero
+        return tuple(round(v, 4) for v in mean.tolist()), tuple(round(v, 4) for v in std.tolist())
 
     @staticmethod
     def _classes(folder: Path) -> list[str]:
@@ -403,50 +564,22 @@ class ImageFolderDataModule(ImageClassificationData):
             raise DataError(f"{folder}: no class subfolders (expected {folder}/<class>/<image>)") from None
         return classes
 
-    def _folder(self, folder: Path, transform) -> datasets.ImageFolder:
-        to_idx = {c: i for i, c in enumerate(self.class_names)}
+    def _dataset(self, split: str, transform) -> datasets.DatasetFolder:
+        """The streaming path's dataset of a split: the checked file list, decoded again per item."""
         ds = datasets.DatasetFolder(
-            str(folder), loader=load_image, extensions=IMG_EXTENSIONS, transform=transform, allow_empty=True
+            str(self.train_dir), loader=load_image, extensions=IMG_EXTENSIONS, transform=transform, allow_empty=True
         )
-        # Map val's classes onto train's indices (val may lack a class that train has).
-        ds.samples = [(p, to_idx[ds.classes[t]]) for p, t in ds.samples]
-        if not ds.samples:
-            raise DataError(f"{folder}: no images with extensions {IMG_EXTENSIONS}")
-        if self.check_images:
-            bad = check_images([p for p, _ in ds.samples])
-            if bad:
-                listing = "; ".join(f"{p}: {r}" for p, r in bad[:5]) + (
-                    f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
-                )
-                if self.strict:
-                    raise DataError(f"{folder}: {len(bad)} unreadable image(s) and strict=true: {listing}")
-                for p, r in bad:
-                    log.warning(f"skipping {p}: {r}")
-                skip = {p for p, _ in bad}
-                ds.samples = [(p, t) for p, t in ds.samples if p not in skip]
+        ds.samples = list(self.samples[split])
         ds.targets = [t for _, t in ds.samples]
-        if folder == self.train_dir:
-            empty = [c for i, c in enumerate(self.class_names) if i not in set(ds.targets)]
-            if empty:
-                raise DataError(f"{folder}: class folder(s) {empty} hold no usable image")
         return ds
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        if self.val_dir is not None:
-            self.train_set = self._folder(self.train_dir, self.train_tf)
-            self.val_set = self._folder(self.val_dir, self.eval_tf)
-            return
-        # Two dataset objects (train and eval transforms) over one permutation: a random_split of one dataset would
-        # give validation the training augmentation.
-        train_ds = self._folder(self.train_dir, self.train_tf)
-        val_ds = copy.copy(train_ds)  # the same checked file list, with the evaluation transform
-        val_ds.transform = self.eval_tf
-        perm = torch.randperm(len(train_ds), generator=torch.Generator().manual_seed(self.split_seed)).tolist()
-        n_val = max(1, round(len(perm) * self.val_fraction))
-        if n_val >= len(perm):
-            raise DataError(
-                f"{self.root}: {len(perm)} images are too few to split with val_fraction={self.val_fraction}"
-            )
-        self.train_set, self.val_set = Subset(train_ds, perm[n_val:]), Subset(val_ds, perm[:n_val])
+        if self.in_memory:  # per-item views of the decoded tensors (the loaders use the tensors directly)
+            to_float = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)])
+            self.train_set = TensorImageDataset(*self.memory["train"], self.train_tf)
+            self.val_set = TensorImageDataset(*self.memory["val"], to_float)
+        else:
+            self.train_set = self._dataset("train", self.train_tf)
+            self.val_set = self._dataset("val", self.eval_tf)

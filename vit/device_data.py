@@ -1,9 +1,10 @@
 """The in-memory data path: the whole dataset as one uint8 tensor on the training device, augmented a batch at a time.
 
-For data that fits in memory (digits, CIFAR, small image folders) this replaces the DataLoader: no per-image PIL work
-and no worker processes on the hot path. Augmentation semantics are those of the PIL path (`vit.data
-.train_transform`): RandomCrop with zero padding, horizontal flip with p = 0.5, optional AutoAugment-family policy
-per image, then ToDtype(scale) and Normalize. Mixup/CutMix stay in the LightningModule, on the batch.
+For data that fits in memory (digits, CIFAR, image folders) this replaces the DataLoader: no per-image PIL work, no
+worker processes and no per-image Python on the hot path. Augmentation semantics are those of the torchvision path
+(`vit.data.train_transform`), drawn per image but applied to the whole batch (vit/augment.py): RandomResizedCrop or
+RandomCrop with zero padding, horizontal flip with p = 0.5, an AutoAugment-family policy, ToDtype(scale) and
+Normalize, Random Erasing. Mixup/CutMix stay in the LightningModule, on the batch.
 
     batches = DeviceBatches(images_uint8, targets, batch_size=64, mean=m, std=s, train=True, crop_padding=4)
     for epoch in range(E):
@@ -11,10 +12,12 @@ per image, then ToDtype(scale) and Normalize. Mixup/CutMix stay in the Lightning
         for x, y in batches: ...   # x: (B, C, H, W) float32 normalised, on images.device
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
+
+from vit.augment import BatchAutoAugment, random_erasing, random_resized_crop
 
 
 def random_crop_flip(x: torch.Tensor, padding: int, hflip: bool, generator: torch.Generator) -> torch.Tensor:
@@ -50,8 +53,9 @@ class DeviceBatches:
     Args:
         images: (N, C, H, W) uint8, already on the device to train on.
         train: shuffle (seeded by `seed` and the epoch) and augment; otherwise fixed order, no augmentation.
-        per_image: an optional per-image transform of a uint8 (C, H, W) tensor (RandAugment, ...), applied after
-            crop and flip, image by image: the policies of torchvision have no batched form.
+        rrc_scale: RandomResizedCrop's area range (e.g. (0.35, 1.0)) instead of the padded crop; None: off.
+        auto_augment: a batched policy (vit.augment.BatchAutoAugment), after crop and flip.
+        erasing: Random Erasing probability per image, after Normalize (value 0: the mean colour).
         out_size: upsample the batch to out_size x out_size (bilinear) after augmentation, e.g. CIFAR at 224 px
             for an ImageNet-pretrained ViT.
         rank, world_size: data-parallel shard, as DistributedSampler: rank r takes positions r, r + W, ... of the
@@ -68,7 +72,9 @@ class DeviceBatches:
         train: bool,
         crop_padding: int = 0,
         hflip: bool = False,
-        per_image: Callable | None = None,
+        rrc_scale: tuple[float, float] | None = None,
+        auto_augment: BatchAutoAugment | None = None,
+        erasing: float = 0.0,
         seed: int = 0,
         drop_last: bool | None = None,
         out_size: int | None = None,
@@ -79,7 +85,8 @@ class DeviceBatches:
             raise ValueError(f"images must be a uint8 (N, C, H, W) tensor, got {images.dtype} {tuple(images.shape)}")
         self.images, self.targets = images, targets.to(images.device)
         self.batch_size, self.train = batch_size, train
-        self.crop_padding, self.hflip, self.per_image = crop_padding, hflip, per_image
+        self.crop_padding, self.hflip = crop_padding, hflip
+        self.rrc_scale, self.auto_augment, self.erasing = rrc_scale, auto_augment, erasing
         self.seed, self.rank, self.world_size, self.out_size = seed, rank, world_size, out_size
         self.drop_last = train and len(images) // world_size > batch_size if drop_last is None else drop_last
         self.mean = torch.tensor(mean, dtype=torch.float32, device=images.device)[:, None, None] * 255
@@ -126,12 +133,16 @@ class DeviceBatches:
             idx = order[b * self.batch_size : (b + 1) * self.batch_size]
             x, y = self.images[idx], self.targets[idx]
             if self.train:
+                if self.rrc_scale is not None:
+                    x = random_resized_crop(x, x.shape[-1], g, scale=self.rrc_scale)
                 if self.crop_padding > 0 or self.hflip:
-                    x = random_crop_flip(x, self.crop_padding, self.hflip, g)
-                if self.per_image is not None:
-                    x = torch.stack([self.per_image(img) for img in x])
+                    x = random_crop_flip(x, 0 if self.rrc_scale else self.crop_padding, self.hflip, g)
+                if self.auto_augment is not None:
+                    x = self.auto_augment(x, g)
             # ToDtype(scale=True) + Normalize in one step: (x / 255 - mean) / std == (x - 255 mean) / (255 std)
             x = (x.float() - self.mean) / self.std
+            if self.train and self.erasing > 0:
+                x = random_erasing(x, self.erasing, g)
             if self.out_size and self.out_size != x.shape[-1]:
                 x = F.interpolate(x, size=(self.out_size, self.out_size), mode="bilinear", align_corners=False)
             yield x, y
