@@ -183,6 +183,75 @@ def case_data(device, rounds: int, tmp: Path) -> list[dict]:
     ]
 
 
+def case_augment(device, rounds: int, tmp: Path) -> list[dict]:
+    """The CIFAR recipe's augmentation (crop 4 + flip, AutoAugment CIFAR10 policy, Random Erasing 0.25): batched on
+    the device, every image drawing its own operations, vs torchvision's per-image policies through a DataLoader."""
+    from torch.utils.data import DataLoader
+    from torchvision import datasets
+    from torchvision.transforms import v2
+
+    from vit.augment import BatchAutoAugment
+    from vit.device_data import DeviceBatches
+
+    if not (tmp / "cifar-10-batches-py").is_dir():
+        _write_cifar(tmp, 2000)
+
+    class cls(datasets.CIFAR10):
+        meta = {**datasets.CIFAR10.meta, "md5": None}
+
+        def _check_integrity(self) -> bool:
+            return True
+
+    mean, std = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
+    tf = v2.Compose(
+        [
+            v2.RandomCrop(32, padding=4),
+            v2.RandomHorizontalFlip(),
+            v2.AutoAugment(v2.AutoAugmentPolicy.CIFAR10),
+            v2.ToImage(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean, std),
+            v2.RandomErasing(0.25, value=0),
+        ]
+    )
+    ds = cls(str(tmp), train=True, transform=tf, download=False)
+    loader = DataLoader(ds, batch_size=256, shuffle=True, num_workers=2, drop_last=True, persistent_workers=True)
+    images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous().to(device)
+    ours = DeviceBatches(
+        images,
+        torch.tensor(ds.targets, device=device),
+        256,
+        mean,
+        std,
+        train=True,
+        crop_padding=4,
+        hflip=True,
+        auto_augment=BatchAutoAugment("autoaugment_cifar10"),
+        erasing=0.25,
+    )
+
+    def run(it):
+        def f():
+            for x, _ in it:
+                x = x.to(device, non_blocking=True)
+            sync(device)
+
+        return f
+
+    t_ref, t_ours, ratio = interleaved(run(loader), run(ours), rounds)
+    n = len(ours) * 256
+    return [
+        {
+            "case": "augmentation img/s, CIFAR recipe",
+            "ours": n / t_ours,
+            "reference": n / t_ref,
+            "speedup": 1 / ratio,
+            "goal": ">= 20 (floor 10)",
+            "unit": "img/s",
+        }
+    ]
+
+
 def _peak_memory(fn, device) -> float:
     """Peak bytes allocated during fn: CUDA's counter on GPU, torch's CPU profiler on CPU."""
     if device.type == "cuda":
@@ -401,7 +470,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--only", default="train,data,attention,mfu,lightning,predict")
+    ap.add_argument("--only", default="train,data,augment,attention,mfu,lightning,predict")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results.json"))
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -415,6 +484,7 @@ def main() -> None:
         cases = {
             "train": lambda: case_train(device, args.rounds),
             "data": lambda: case_data(device, args.rounds, Path(tmp)),
+            "augment": lambda: case_augment(device, args.rounds, Path(tmp)),
             "attention": lambda: case_attention(device, args.rounds),
             "mfu": lambda: case_mfu(device, args.rounds),
             "lightning": lambda: case_lightning(device, args.rounds),

@@ -191,3 +191,20 @@ def test_a_batch_draws_per_image_not_per_batch():
     aug = A.BatchAutoAugment("trivialaugment")
     op, _ = aug.sample(256, 32, 32, torch.Generator().manual_seed(0))
     assert len(set(op.flatten().tolist())) >= 12  # nearly every operation appears in one batch
+
+
+@pytest.mark.parametrize("policy", ["autoaugment_cifar10", "randaugment", "trivialaugment"])
+def test_the_subset_path_equals_the_masked_path(policy):
+    """CPU runs each stage on its own images, GPU on the whole batch with masks: the same function."""
+    x = _images(B=64, seed=3)
+    op, mag = A.BatchAutoAugment(policy).sample(64, 32, 32, torch.Generator().manual_seed(5))
+    for s in range(op.shape[1]):
+        a = A.apply_ops(x, op[:, s], mag[:, s], subset=True)
+        b = A.apply_ops(x, op[:, s], mag[:, s], subset=False)
+        assert torch.equal(a, b)
+        x = a
+
+
+def test_an_empty_stage_is_fine():
+    x = _images(B=4)
+    assert torch.equal(A.apply_ops(x, torch.zeros(4, dtype=torch.long), torch.zeros(4), subset=True), x)

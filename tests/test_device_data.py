@@ -95,3 +95,51 @@ def test_random_crop_flip_without_padding_only_flips():
     assert all(f or torch.equal(o, i) for f, o, i in zip(flipped, out, x))
     assert 16 < sum(flipped) < 48
     assert torch.equal(random_crop_flip(x, 0, False, torch.Generator()), x)
+
+
+def test_a_training_step_dispatches_as_many_operators_at_batch_8_as_at_64():
+    """The hot path does not grow with the batch: no per-image Python anywhere between the uint8 images in memory and
+    the optimizer update, with the CIFAR recipe's augmentation (crop, flip, AutoAugment, Random Erasing) and Mixup."""
+    import numpy as np
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from vit.augment import BatchAutoAugment
+    from vit.module import ViTClassifier
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    def count(batch_size: int) -> int:
+        torch.manual_seed(0)
+        np.random.seed(0)  # timm's Mixup draws mixup-or-cutmix and lambda with numpy: the same path both times
+        images = torch.randint(0, 256, (128, 3, 32, 32), dtype=torch.uint8)
+        batches = DeviceBatches(
+            images,
+            torch.randint(0, 10, (128,)),
+            batch_size,
+            MEAN,
+            STD,
+            train=True,
+            crop_padding=4,
+            hflip=True,
+            auto_augment=BatchAutoAugment("autoaugment_cifar10"),
+            erasing=0.25,
+        )
+        module = ViTClassifier(arch=dict(embed_dim=32, depth=2, num_heads=2), mixup_alpha=0.8, cutmix_alpha=1.0)
+        opt = torch.optim.AdamW(module.parameters(), fused=True)
+        it = iter(batches)
+        with Count() as c:
+            x, y = next(it)
+            loss = module.training_step((x, y), 0)
+            loss.backward()
+            opt.step()
+        return c.n
+
+    n8, n64 = count(8), count(64)
+    assert n8 == n64 and n8 > 500, (n8, n64)
