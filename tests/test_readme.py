@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import train
-from vit import attention_maps, export, predict
+from vit import attention_maps, export, predict, streaming
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -51,6 +51,7 @@ PARSERS = {
     ("python", "-m", "vit.export"): export.build_parser,
     ("vit-attention",): attention_maps.build_parser,
     ("python", "-m", "vit.attention_maps"): attention_maps.build_parser,
+    ("python", "-m", "vit.streaming"): streaming.build_parser,
 }
 
 

@@ -1,0 +1,166 @@
+"""Datasets larger than one machine's memory: an image folder converted once to litdata's chunks (local or object
+storage), then streamed with per-rank sharding under DDP.
+
+    python -m vit.streaming optimize path/to/images chunks/          # root/train/<class>/*, root/val/<class>/*
+    python train.py --config configs/folder.yaml --data vit.streaming.StreamingDataModule \\
+        --data.init_args.input_dir chunks/ --data.init_args.img_size 64
+
+(`input_dir` may be `s3://bucket/prefix` once the chunks are uploaded there: litdata reads object storage and keeps a
+capped local cache.) The chunks hold the original encoded files, so optimize is a copy, not a decode; images are
+decoded, resized and augmented per image in the DataLoader workers with torchvision's transforms, as on the streaming
+path of vit.data. Each rank reads its own share of the chunks: every image once per epoch across ranks (tested under
+2-process DDP). litdata shuffles by chunk, then within a window, not globally (litdata issue 797).
+"""
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from vit.data import IMG_EXTENSIONS, ImageClassificationData, eval_transform, find_classes, load_image, train_transform
+
+META = "vit_meta.json"  # class names and the training images' mean/std, written beside the chunks
+
+
+def _read(item: tuple[str, int, int]) -> dict:
+    path, label, index = item
+    return {"data": Path(path).read_bytes(), "label": label, "index": index}
+
+
+def optimize_folder(root: str, output_dir: str, num_workers: int = 1, chunk_bytes: str = "64MB") -> dict:
+    """Write root/train and root/val (class subfolders) as litdata chunks under output_dir/{train,val}; returns the
+    metadata also written to output_dir/vit_meta.json (class names, mean and std of 500 training images)."""
+    from litdata import optimize
+
+    root_p, out = Path(root), Path(output_dir)
+    classes, _ = find_classes(str(root_p / "train"))
+    to_idx = {c: i for i, c in enumerate(classes)}
+    for split in ("train", "val"):
+        files = sorted(
+            (str(p), to_idx[p.parent.name])
+            for p in (root_p / split).glob("*/*")
+            if p.suffix.lower() in IMG_EXTENSIONS and p.parent.name in to_idx
+        )
+        items = [(p, t, i) for i, (p, t) in enumerate(files)]
+        optimize(
+            fn=_read,
+            inputs=items,
+            output_dir=str(out / split),
+            chunk_bytes=chunk_bytes,
+            num_workers=num_workers,
+            mode="overwrite",
+            verbose=False,
+        )
+    sample = sorted((root_p / "train").glob("*/*"))[:: max(1, len(list((root_p / "train").glob("*/*"))) // 500)][:500]
+    x = torch.stack([eval_transform(64, (0, 0, 0), (1, 1, 1))(load_image(p)) for p in sample])
+    meta = {
+        "class_names": classes,
+        "mean": [round(v, 4) for v in x.mean(dim=(0, 2, 3)).tolist()],
+        "std": [round(v, 4) for v in x.std(dim=(0, 2, 3)).clamp(min=1e-3).tolist()],
+    }
+    (out / META).write_text(json.dumps(meta, indent=1) + "\n")
+    return meta
+
+
+class _Decode:
+    """Bytes of an image file -> (transformed tensor, label): runs in the DataLoader's workers."""
+
+    def __init__(self, transform):
+        self.transform = transform
+
+    def __call__(self, item: dict):
+        img = load_image(io.BytesIO(item["data"]))
+        return self.transform(img), item["label"]
+
+
+class StreamingDataModule(ImageClassificationData):
+    """Stream litdata chunks written by `python -m vit.streaming optimize` (local folder or object storage).
+
+    Args:
+        input_dir: the optimize output (holds train/, val/ and vit_meta.json).
+        cache_dir: local cache for remote chunks (litdata's default when None); max_cache_size caps it.
+    """
+
+    def __init__(
+        self,
+        input_dir: str,
+        img_size: int = 64,
+        batch_size: int = 64,
+        num_workers: int = 2,
+        hflip: bool = True,
+        auto_augment: str = "none",
+        cache_dir: str | None = None,
+        max_cache_size: str = "50GB",
+        eval_batch_size: int | None = None,
+    ):
+        super().__init__(batch_size, num_workers, eval_batch_size=eval_batch_size)
+        self.input_dir, self.cache_dir, self.max_cache_size = input_dir.rstrip("/"), cache_dir, max_cache_size
+        meta_path = f"{self.input_dir}/{META}"
+        if "://" not in meta_path and not Path(meta_path).is_file():
+            from vit.data import DataError
+
+            raise DataError(f"{meta_path}: not found; write the chunks with: python -m vit.streaming optimize ROOT OUT")
+        meta = json.loads(Path(meta_path).read_text()) if "://" not in meta_path else self._remote_meta(meta_path)
+        self.class_names, self.num_classes = meta["class_names"], len(meta["class_names"])
+        self.mean, self.std = tuple(meta["mean"]), tuple(meta["std"])
+        self.img_size, self.in_chans = img_size, 3
+        self.train_tf = train_transform(
+            img_size, self.mean, self.std, hflip=hflip, auto_augment=auto_augment, random_resized_crop=True
+        )
+        self.eval_tf = eval_transform(img_size, self.mean, self.std)
+
+    @staticmethod
+    def _remote_meta(url: str) -> dict:
+        import fsspec
+
+        with fsspec.open(url, "r") as f:
+            return json.load(f)
+
+    def _stream(self, split: str, transform, shuffle: bool):
+        from litdata import StreamingDataLoader, StreamingDataset
+
+        ds = StreamingDataset(
+            f"{self.input_dir}/{split}",
+            cache_dir=self.cache_dir,
+            max_cache_size=self.max_cache_size,
+            shuffle=shuffle,
+            drop_last=False,
+            transform=_Decode(transform),
+        )
+        batch = self.batch_size if split == "train" else self.eval_batch_size
+        return StreamingDataLoader(ds, batch_size=batch, num_workers=self.num_workers)
+
+    def train_dataloader(self):
+        return self._stream("train", self.train_tf, shuffle=True)
+
+    def val_dataloader(self):
+        return self._stream("val", self.eval_tf, shuffle=False)
+
+    def test_dataloader(self):
+        return self.val_dataloader()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (the README's commands are checked against it)."""
+    ap = argparse.ArgumentParser(prog="python -m vit.streaming", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    opt = sub.add_parser("optimize", help="convert root/train and root/val to litdata chunks")
+    opt.add_argument("root")
+    opt.add_argument("output_dir")
+    opt.add_argument("--num-workers", type=int, default=1)
+    opt.add_argument("--chunk-bytes", default="64MB")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    meta = optimize_folder(args.root, args.output_dir, args.num_workers, args.chunk_bytes)
+    print(f"wrote {args.output_dir}/train, {args.output_dir}/val and {META}: {len(meta['class_names'])} classes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
