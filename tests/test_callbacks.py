@@ -25,7 +25,7 @@ from vit.module import ViTClassifier
 
 SMOKE = str(Path(__file__).parent.parent / "configs" / "smoke.yaml")
 DEPTH, HEADS, SIZE, IMAGES = 2, 2, 64, 8  # the smoke config's model and the callback's defaults
-IMAGE_TAGS = ["attention/rollout", "attention/query_patch", "attention/mean_distance"] + [
+IMAGE_TAGS = ["attention/rollout", "attention/query_patch", "attention/mean_distance", "attention/relevance"] + [
     f"attention/layer_{i}" for i in range(DEPTH)
 ]
 
@@ -60,6 +60,11 @@ def test_event_files_hold_attention_images_and_scalars_for_each_epoch(smoke_logs
     for i in range(DEPTH):
         values = [e.value for e in ea.Scalars(f"attention/entropy/layer_{i}")]
         assert len(values) == 2 and all(0 <= v <= 2.78 for v in values)  # between one-hot and log(16) uniform
+    relevance = ea.Images("attention/relevance")[0]  # images, predicted-class map, true-class map where wrong
+    assert (relevance.width, relevance.height) == (IMAGES * SIZE + (IMAGES + 1) * 2, 3 * SIZE + 4 * 2)
+    for name in ("relevance", "rollout"):
+        values = [e.value for e in ea.Scalars(f"attention/faithfulness/{name}_deletion")]
+        assert len(values) == 2 and all(0 <= v <= 1 for v in values)  # an area under a probability curve
 
 
 def _free_port() -> int:

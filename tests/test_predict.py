@@ -137,6 +137,16 @@ def test_attention_out_writes_an_overlay_per_image(ckpt, images, tmp_path, capsy
     pngs = sorted((tmp_path / "att").glob("*.png"))
     assert code == 0 and len(pngs) == 6
     assert Image.open(pngs[0]).size == (2 * 32, 32)
+    # relevance by default; --attention-map rollout for the rollout: other maps, the same images beside them
+    code, _, _ = _run(
+        capsys, "--ckpt", ckpt, "--attention-out", tmp_path / "roll", "--attention-map", "rollout", images / "good"
+    )
+    rolls = sorted((tmp_path / "roll").glob("*.png"))
+    assert code == 0 and [p.name for p in rolls] == [p.name for p in pngs]
+    a = [np.asarray(Image.open(p)) for p in pngs]
+    b = [np.asarray(Image.open(p)) for p in rolls]
+    assert all((x[:, :32] == y[:, :32]).all() for x, y in zip(a, b))  # the image half
+    assert any((x[:, 32:] != y[:, 32:]).any() for x, y in zip(a, b))  # the map half
 
 
 @pytest.mark.parametrize("case", ["missing", "truncated", "text", "not_a_checkpoint", "other_architecture"])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import train
-from vit import attention_maps, export, predict, streaming
+from vit import attention_maps, export, faithfulness, predict, streaming
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -44,7 +44,9 @@ def train_argv(words: list[str]) -> list[str] | None:
     return None
 
 
-PARSERS = {
+PARSERS = {  # longest prefixes first: the first match parses
+    ("vit-attention", "faithfulness"): faithfulness.build_parser,
+    ("python", "-m", "vit.attention_maps", "faithfulness"): faithfulness.build_parser,
     ("vit-predict",): predict.build_parser,
     ("python", "predict.py"): predict.build_parser,
     ("vit-export",): export.build_parser,

@@ -1,12 +1,14 @@
 """Where does the model look? Pure functions over attention weights, no Lightning.
 
     attns, logits = capture_attention(model, images)         # L x (B, H, N, N)
-    relevance = image_relevance(attention_rollout(attns), model.num_prefix_tokens, model.grid_size)  # (B, gh, gw)
-    picture = overlay(denormalize(images, mean, std)[0], relevance[0])                              # (3, H, W)
+    rollout = image_relevance(attention_rollout(attns), model.num_prefix_tokens, model.grid_size)  # (B, gh, gw)
+    rel, logits, attns = relevance(model, images)            # class-specific (Chefer et al.), predicted class
+    picture = overlay(denormalize(images, mean, std)[0], rel[0])                                  # (3, H, W)
 
-Also a command that writes PNG overlays for image files with a checkpoint:
+Also commands: PNG overlays for image files, and the faithfulness table (vit/faithfulness.py):
 
     python -m vit.attention_maps --ckpt checkpoints/digits/version_0/last.ckpt --out maps/ img1.png img2.png
+    python -m vit.attention_maps faithfulness --ckpt checkpoints/digits/version_0/last.ckpt images/ --json
 """
 
 import argparse
@@ -73,6 +75,54 @@ def image_relevance(rollout: torch.Tensor, num_prefix_tokens: int, grid: tuple[i
     rel = rollout[:, 0, p:] if p else rollout.mean(dim=1)
     rel = rel / rel.sum(dim=-1, keepdim=True)
     return rel.reshape(-1, *grid)
+
+
+def relevance(
+    model: VisionTransformer, x: torch.Tensor, target: torch.Tensor | int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Class-specific relevance of every patch (Chefer, Gur and Wolf, "Generic Attention-model Explainability", 2021):
+    R = I, then for every block in order R <- R + mean_heads((dy/dA * A)^+) R, with y the logit of the target class
+    (default: the predicted one). The map is the class token's row of R, or for average pooling the mean of its rows
+    (every patch output feeds the decision). One forward and one backward for the whole batch.
+
+    Returns relevance (B, gh, gw) summing to 1, the logits (B, num_classes) and the attention weights L x (B, H, N, N).
+    Works for every attention variant (the weights are taken where the manual path materialises them: after masks,
+    RoPE, grouped or latent keys). Gradients are taken with respect to the weights only: no parameter's .grad changes.
+    """
+    attns = [m for m in model.modules() if isinstance(m, Attention)]
+    fused, training = [m.fused_attn for m in attns], model.training
+    captured: list[torch.Tensor] = []
+    hooks = [m.attn_drop.register_forward_hook(lambda mod, inp, out: captured.append(inp[0])) for m in attns]
+    try:
+        for m in attns:
+            m.fused_attn = False
+        model.eval()
+        # out of inference_mode too (predict runs in it): its tensors cannot enter autograd, so x is cloned
+        with torch.inference_mode(False), torch.enable_grad():
+            logits = model(x.clone().requires_grad_(True))  # an input that needs grad: frozen weights work too
+            if target is None:
+                target = logits.argmax(-1)
+            elif isinstance(target, int):
+                target = torch.full((x.shape[0],), target, device=logits.device)
+            score = logits.gather(1, target.to(logits.device).view(-1, 1)).sum()  # images are independent
+            grads = torch.autograd.grad(score, captured)
+    finally:
+        for m, f in zip(attns, fused):
+            m.fused_attn = f
+        for h in hooks:
+            h.remove()
+        model.train(training)
+    B, N = x.shape[0], captured[0].shape[-1]
+    R = torch.eye(N, device=x.device).expand(B, N, N).clone()
+    for a, g in zip(captured, grads):  # forward order: the first block first
+        cam = (g * a).clamp(min=0).float().mean(dim=1)  # (B, N, N), heads averaged
+        R = R + cam @ R
+    p = model.num_prefix_tokens
+    rel = R[:, 0, p:] if p else R.mean(dim=1)
+    rel = rel / rel.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+    patch = model.patch_embed.patch_size
+    grid = (x.shape[-2] // patch, x.shape[-1] // patch)
+    return rel.reshape(B, *grid).detach(), logits.detach(), [a.detach().float() for a in captured]
 
 
 def query_patch_map(attn: torch.Tensor, query: int, num_prefix_tokens: int, grid: tuple[int, int]) -> torch.Tensor:
@@ -250,10 +300,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write `<stem>_attention.png` per image: the image above its rollout overlay, and the per-head maps."""
+    """Write `<stem>_attention.png` per image: the image above its rollout overlay, and the per-head maps.
+    `faithfulness ...` as the first argument: the deletion/insertion table of vit.faithfulness instead."""
     from vit.checkpoint import CheckpointError, load_model
     from vit.data import describe, eval_transform, read_image
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["faithfulness"]:
+        from vit.faithfulness import main as faithfulness_main
+
+        return faithfulness_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         model, hp = load_model(args.ckpt)

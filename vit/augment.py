@@ -115,10 +115,21 @@ def _gray(xf: torch.Tensor) -> torch.Tensor:
     return (xf[:, 0] * 0.2989 + xf[:, 1] * 0.587 + xf[:, 2] * 0.114).floor_()[:, None]
 
 
-def pointwise(x: torch.Tensor, op: torch.Tensor, mag: torch.Tensor, gray: torch.Tensor | None = None) -> torch.Tensor:
+POINTWISE_NAMES = ("Posterize", "Solarize", "AutoContrast", "Equalize", "Invert", "Brightness", "Contrast")
+
+
+def pointwise(
+    x: torch.Tensor,
+    op: torch.Tensor,
+    mag: torch.Tensor,
+    gray: torch.Tensor | None = None,
+    kinds: tuple[str, ...] = POINTWISE_NAMES,
+) -> torch.Tensor:
     """Posterize, Solarize, AutoContrast, Equalize, Invert, Brightness and Contrast: each a function of the pixel value
     given the image (Contrast: given its mean gray), so one lookup table per image and channel, (B, C, 256), built
-    with torchvision's float formulas on the 256 values, then one gather over the pixels; other images unchanged."""
+    with torchvision's float formulas on the 256 values, then one gather over the pixels; other images unchanged.
+    `kinds`: the operations whose tables to build (the CPU path calls it for Equalize apart: only it needs a
+    histogram)."""
     B, C, H, W = x.shape
     dev = x.device
     v = torch.arange(256, device=dev)
@@ -129,29 +140,43 @@ def pointwise(x: torch.Tensor, op: torch.Tensor, mag: torch.Tensor, gray: torch.
     lut_post = v & (((1 << bits) - 1) << (8 - bits))
     # Solarize: invert the values >= threshold (255 * magnitude)
     lut_sol = torch.where(vf >= 255.0 * m, 255 - v, v)
-    # AutoContrast: per channel, (v - min) / ((max - min) / 255), unchanged where max == min
-    lo = x.amin(dim=(-2, -1)).float()[..., None]  # (B, C, 1)
-    hi = x.amax(dim=(-2, -1)).float()[..., None]
-    flat_chan = lo == hi
-    inv_scale = torch.where(flat_chan, torch.ones_like(hi), (hi - lo) * (1.0 / 255))
-    lo = torch.where(flat_chan, torch.zeros_like(lo), lo)
-    lut_auto = ((vf - lo) / inv_scale).clamp_(0, 255)
-    # Equalize: PIL's scheme as torchvision implements it
+    lut_auto = vf
+    if "AutoContrast" in kinds:
+        # AutoContrast: per channel, (v - min) / ((max - min) / 255), unchanged where max == min
+        lo = x.amin(dim=(-2, -1)).float()[..., None]  # (B, C, 1)
+        hi = x.amax(dim=(-2, -1)).float()[..., None]
+        flat_chan = lo == hi
+        inv_scale = torch.where(flat_chan, torch.ones_like(hi), (hi - lo) * (1.0 / 255))
+        lo = torch.where(flat_chan, torch.zeros_like(lo), lo)
+        lut_auto = ((vf - lo) / inv_scale).clamp_(0, 255)
     values = x.view(B, C, H * W).long()  # gather and scatter want int64 indices: converted once, used twice
-    hist = torch.zeros(B, C, 256, dtype=torch.int32, device=dev)
-    hist.scatter_add_(-1, values, torch.ones(1, dtype=torch.int32, device=dev).expand_as(values))
-    cum = hist.cumsum(-1)
-    last = hist.gather(-1, cum.argmax(-1, keepdim=True))  # count of the largest value present
-    step = torch.div(H * W - last, 255, rounding_mode="floor")  # (B, C, 1)
-    lut_eq = torch.div(cum[..., :-1] + step // 2, step.clamp(min=1), rounding_mode="floor").clamp(0, 255)
-    lut_eq = torch.cat([torch.zeros_like(lut_eq[..., :1]), lut_eq], dim=-1)
-    lut_eq = torch.where(step != 0, lut_eq, v)  # a nearly constant channel stays as it is
+    lut_eq = v
+    if "Equalize" in kinds:  # PIL's scheme as torchvision implements it
+        hist = torch.zeros(B, C, 256, dtype=torch.int32, device=dev)
+        hist.scatter_add_(-1, values, torch.ones(1, dtype=torch.int32, device=dev).expand_as(values))
+        cum = hist.cumsum(-1)
+        last = hist.gather(-1, cum.argmax(-1, keepdim=True))  # count of the largest value present
+        step = torch.div(H * W - last, 255, rounding_mode="floor")  # (B, C, 1)
+        lut_eq = torch.div(cum[..., :-1] + step // 2, step.clamp(min=1), rounding_mode="floor").clamp(0, 255)
+        lut_eq = torch.cat([torch.zeros_like(lut_eq[..., :1]), lut_eq], dim=-1)
+        lut_eq = torch.where(step != 0, lut_eq, v)  # a nearly constant channel stays as it is
     # Brightness: v * factor; Contrast: v * factor + (1 - factor) * mean gray (torchvision's _blend, per pixel)
     lut_bright = (vf * (1.0 + m)).clamp_(0, 255)
-    mean = (gray if gray is not None else _gray(x.float())).mean(dim=(-3, -2, -1))[:, None, None]  # (B, 1, 1)
-    lut_contrast = (vf * (1.0 + m) + (-m) * mean).clamp_(0, 255)
-    names = ("Identity", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert", "Brightness", "Contrast")
-    tables = [v, lut_post, lut_sol, lut_auto, lut_eq, 255 - v, lut_bright, lut_contrast]
+    lut_contrast = vf
+    if "Contrast" in kinds:
+        mean = (gray if gray is not None else _gray(x.float())).mean(dim=(-3, -2, -1))[:, None, None]  # (B, 1, 1)
+        lut_contrast = (vf * (1.0 + m) + (-m) * mean).clamp_(0, 255)
+    everything = {
+        "Posterize": lut_post,
+        "Solarize": lut_sol,
+        "AutoContrast": lut_auto,
+        "Equalize": lut_eq,
+        "Invert": 255 - v,
+        "Brightness": lut_bright,
+        "Contrast": lut_contrast,
+    }
+    names = ("Identity", *kinds)
+    tables = [v, *(everything[k] for k in kinds)]
     # uint8 tables (truncating as torchvision's .to(uint8)), stacked: (K, B, C, 256); each image takes its own row
     tables = torch.stack([t.to(torch.uint8).expand(B, C, 256) for t in tables])
     row = torch.zeros(B, dtype=torch.long, device=dev)
@@ -199,7 +224,16 @@ def apply_ops(x: torch.Tensor, op: torch.Tensor, mag: torch.Tensor, subset: bool
         subset = x.device.type == "cpu"
     if subset:
         x = x.clone()  # then written in place, stage by stage
-    for ids, stage in ((GEOMETRIC, geometric), (POINTWISE_ALL, pointwise), (BLENDS, blend)):
+    stages = ((GEOMETRIC, geometric), (POINTWISE_ALL, pointwise), (BLENDS, blend))
+    if subset:  # Equalize apart: the only operation that needs a histogram
+        others = tuple(n for n in POINTWISE_NAMES if n != "Equalize")
+        stages = (
+            (GEOMETRIC, geometric),
+            ([OP["Equalize"]], functools.partial(pointwise, kinds=("Equalize",))),
+            ([OP[n] for n in others], functools.partial(pointwise, kinds=others)),
+            (BLENDS, blend),
+        )
+    for ids, stage in stages:
         if subset:
             idx = _isin(op, ids).nonzero().squeeze(1)
             x.index_copy_(0, idx, stage(x.index_select(0, idx), op[idx], mag[idx]))
@@ -396,6 +430,10 @@ def erase(x: torch.Tensor, boxes: torch.Tensor, value: float = 0.0) -> torch.Ten
 
 
 def random_erasing(x: torch.Tensor, p: float, generator: torch.Generator, value: float = 0.0) -> torch.Tensor:
-    """RandomErasing of each image of a batch with probability p (after Normalize: value 0 is the mean colour)."""
+    """RandomErasing of each image of a batch with probability p (after Normalize: value 0 is the mean colour). On CPU
+    only the erased images are touched (as in apply_ops)."""
     boxes = random_erasing_boxes(x.shape[0], x.shape[-2], x.shape[-1], p, generator, device=x.device)
-    return erase(x, boxes, value)
+    if x.device.type != "cpu":
+        return erase(x, boxes, value)
+    idx = (boxes[:, 2] > 0).nonzero().squeeze(1)
+    return x.index_copy(0, idx, erase(x.index_select(0, idx), boxes[idx], value))

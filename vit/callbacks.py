@@ -9,8 +9,10 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from PIL import Image
 from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
+from torchvision.utils import make_grid
 
-from vit.attention_maps import MeanDistancePlot, attention_panels
+from vit.attention_maps import MeanDistancePlot, _resize, attention_panels, denormalize, overlay_batch, relevance
+from vit.faithfulness import auc, curves, patch_scores
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +45,25 @@ class AttentionMapCallback(L.Callback):
     training is visible. TensorBoard tags: `attention/rollout` (images over their rollout overlays),
     `attention/layer_{i}` (a row per image, a tile per head: attention each patch receives in block i),
     `attention/query_patch` (where the centre patch looks, per head, in the last block), `attention/mean_distance`
-    (figure: mean attention distance per head against depth) and scalars `attention/entropy/layer_{i}`.
+    (figure: mean attention distance per head against depth), scalars `attention/entropy/layer_{i}`,
+    `attention/relevance` (the images, the class-specific relevance of the predicted class, and of the true class
+    where the prediction is wrong), and the deletion AUC (vit.faithfulness) of relevance and rollout on the first
+    `faithfulness_images` validation images: `attention/faithfulness/relevance_deletion`, `.../rollout_deletion`
+    (lower: the map finds what the decision rests on).
     Runs only at the end of logged validation epochs (no cost on training steps), on rank zero, without gradients;
     with no TensorBoard logger it does nothing and says so once.
     """
 
-    def __init__(self, every_n_epochs: int = 1, num_images: int = 8, display_size: int = 64, cmap: str = "inferno"):
+    def __init__(
+        self,
+        every_n_epochs: int = 1,
+        num_images: int = 8,
+        display_size: int = 64,
+        cmap: str = "inferno",
+        faithfulness_images: int = 32,
+    ):
         super().__init__()
+        self.faithfulness_images = faithfulness_images
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs={every_n_epochs} must be >= 1")
         if num_images < 1:
@@ -71,16 +85,20 @@ class AttentionMapCallback(L.Callback):
 
     def _fixed_images(self, trainer: L.Trainer) -> torch.Tensor:
         if self._images is None:
-            # The first images of the (unshuffled, unaugmented) validation loader: the same ones every epoch.
+            # The first images of the (unshuffled, unaugmented) validation loader: the same ones every epoch; the
+            # first num_images are drawn, the first faithfulness_images measured.
             loaders = trainer.val_dataloaders
             loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
-            batches, n = [], 0
-            for x, _ in loader:
-                batches.append(x[: self.num_images - n].detach().cpu())
-                n += len(batches[-1])
-                if n >= self.num_images:
+            want = max(self.num_images, self.faithfulness_images)
+            xs, ys, n = [], [], 0
+            for x, y in loader:
+                xs.append(x[: want - n].detach().cpu())
+                ys.append(y[: want - n].detach().cpu())
+                n += len(xs[-1])
+                if n >= want:
                     break
-            self._images = torch.cat(batches)
+            self._all_images, self._labels = torch.cat(xs), torch.cat(ys)
+            self._images = self._all_images[: self.num_images]
         return self._images
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -109,3 +127,23 @@ class AttentionMapCallback(L.Callback):
         add_png(writer, "attention/mean_distance", self._plot.render(panels["mean_distance"]), step)
         for i, h in enumerate(panels["entropy"].tolist()):
             writer.add_scalar(f"attention/entropy/layer_{i}", h, step)
+        self._log_relevance(pl_module, x, writer, step)
+
+    def _log_relevance(self, pl_module: L.LightningModule, x: torch.Tensor, writer, step: int) -> None:
+        """attention/relevance: the images, the relevance of the predicted class, and of the true class where it
+        differs (else a blank tile); and the deletion AUC of relevance and rollout on the fixed measuring set."""
+        model, hp = pl_module.model, pl_module.hparams
+        y = self._labels[: len(x)].to(x.device)
+        rel_pred, logits, _ = relevance(model, x)
+        rel_true, _, _ = relevance(model, x, target=y)
+        images = _resize(denormalize(x.float(), hp.mean, hp.std).cpu(), self.display_size)
+        wrong = (logits.argmax(-1) != y).cpu()
+        true_row = torch.where(wrong[:, None, None, None], overlay_batch(images, rel_true, self.cmap), 1.0)
+        rows = torch.cat([images, overlay_batch(images, rel_pred, self.cmap), true_row])
+        add_png(writer, "attention/relevance", _uint8(make_grid(rows, nrow=len(x), padding=2, pad_value=1.0)), step)
+        if self.faithfulness_images > 0:
+            fx = self._all_images[: self.faithfulness_images].to(x.device)
+            scores, classes = patch_scores(model, fx)
+            for name in ("relevance", "rollout"):
+                value = auc(curves(model, fx, scores[name], classes, "deletion")).mean().item()
+                writer.add_scalar(f"attention/faithfulness/{name}_deletion", value, step)

@@ -101,6 +101,7 @@ def predict(
     num_workers: int | None = None,
     attention_out: str | None = None,
     progress: bool = True,
+    attention_map: str = "relevance",
 ) -> list[dict]:
     """Classify image files: one record per path, in order: {'path', 'predictions': [{'label', 'prob'}], 'error'}."""
     from tqdm import tqdm
@@ -132,7 +133,7 @@ def predict(
                 continue
             x = normalize(x.to(dev, non_blocking=True), hparams["mean"], hparams["std"])
             if attention_out:
-                logits = _write_attention(model, x, [paths[i] for i in idx], idx, hparams, attention_out)
+                logits = _write_attention(model, x, [paths[i] for i in idx], idx, hparams, attention_out, attention_map)
             else:
                 logits = model(x)
             probs, top = logits.float().softmax(-1).topk(k, dim=-1)
@@ -141,17 +142,28 @@ def predict(
     return records
 
 
-def _write_attention(model, x, paths, idx, hparams, out: str) -> torch.Tensor:
-    """Rollout overlay PNG per image (vit.attention_maps); returns the logits of the same forward."""
+def _write_attention(model, x, paths, idx, hparams, out: str, kind: str = "relevance") -> torch.Tensor:
+    """Overlay PNG per image (vit.attention_maps): class-specific relevance of the predicted class (default), or
+    the attention rollout; returns the logits of the same forward."""
     from torchvision.utils import save_image
 
-    from vit.attention_maps import attention_rollout, capture_attention, denormalize, image_relevance, overlay
-
-    attns, logits = capture_attention(model, x)
-    patch = model.patch_embed.patch_size
-    rel = image_relevance(
-        attention_rollout(attns), model.num_prefix_tokens, (x.shape[-2] // patch, x.shape[-1] // patch)
+    from vit.attention_maps import (
+        attention_rollout,
+        capture_attention,
+        denormalize,
+        image_relevance,
+        overlay,
+        relevance,
     )
+
+    if kind == "relevance":
+        rel, logits, _ = relevance(model, x)
+    else:
+        attns, logits = capture_attention(model, x)
+        patch = model.patch_embed.patch_size
+        rel = image_relevance(
+            attention_rollout(attns), model.num_prefix_tokens, (x.shape[-2] // patch, x.shape[-1] // patch)
+        )
     images = denormalize(x.float(), hparams["mean"], hparams["std"]).cpu()
     for i, path, img, r in zip(idx, paths, images, rel):
         save_image(torch.cat([img, overlay(img, r)], dim=-1), Path(out) / f"{i:05d}_{Path(path).stem}.png")
@@ -192,7 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-workers", type=int, default=None, help="decoding workers (default: cores - 1, at most 4, when batched)"
     )
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    ap.add_argument("--attention-out", metavar="DIR", help="also write an attention-rollout overlay PNG per image")
+    ap.add_argument("--attention-out", metavar="DIR", help="also write an overlay PNG per image: where the model looks")
+    ap.add_argument(
+        "--attention-map",
+        choices=("relevance", "rollout"),
+        default="relevance",
+        help="relevance: class-specific, for the predicted class (default); rollout: attention rollout",
+    )
     ap.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, folders (recursive) or globs")
     return ap
 
@@ -212,7 +230,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no image matched {' '.join(args.inputs)}", file=sys.stderr)
         return 2
     records = predict(
-        model, paths, hparams, args.topk, args.batch_size, args.device, args.num_workers, args.attention_out
+        model,
+        paths,
+        hparams,
+        topk=args.topk,
+        batch_size=args.batch_size,
+        device=args.device,
+        num_workers=args.num_workers,
+        attention_out=args.attention_out,
+        attention_map=args.attention_map,
     )
     text = format_records(records, args.format, min(args.topk, model.num_classes))
     if args.output:
