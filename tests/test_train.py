@@ -278,3 +278,22 @@ def test_help_shows_each_architecture_field_with_its_meaning(capsys):
         if name not in ("img_size", "in_chans", "num_classes")
     )  # linked from the data
     assert "Normalise q and k per head before the dot product" in out  # the docstring under the field
+
+
+def test_warmup_longer_than_the_schedule_is_corrected_with_a_warning():
+    from vit.module import schedule_warmup
+
+    with pytest.warns(
+        UserWarning, match=r"warmup_epochs=5 is not shorter than the schedule \(max_epochs=3, 30 steps\)"
+    ):
+        assert schedule_warmup(5, 10.0, 30, 3) == 3  # a tenth, then cosine
+    assert schedule_warmup(1, 10.0, 30, 3) == 10  # a warmup that fits is left alone
+
+
+def test_max_time_warns_that_the_schedule_may_not_complete(monkeypatch):
+    module = ViTClassifier(arch=ViTConfig(embed_dim=32, depth=1, num_heads=2))
+    trainer = L.Trainer(max_time="00:00:01:00", max_epochs=5, logger=False, enable_checkpointing=False)
+    module.trainer = trainer
+    monkeypatch.setattr(L.Trainer, "estimated_stepping_batches", property(lambda self: 50))  # no data attached
+    with pytest.warns(UserWarning, match="max_time can stop training before the learning-rate schedule"):
+        module.configure_optimizers()

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_warn
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from torchmetrics.classification import MulticlassAccuracy
@@ -304,7 +305,12 @@ class ViTClassifier(L.LightningModule):
         )
         total = max(1, int(self.trainer.estimated_stepping_batches))
         steps_per_epoch = total / max(1, self.trainer.max_epochs or 1)
-        warmup = min(int(hp.warmup_epochs * steps_per_epoch), total - 1)
+        warmup = schedule_warmup(hp.warmup_epochs, steps_per_epoch, total, self.trainer.max_epochs)
+        if any(type(cb).__name__ == "Timer" for cb in self.trainer.callbacks):  # --trainer.max_time
+            rank_zero_warn(
+                "trainer.max_time can stop training before the learning-rate schedule (planned over max_epochs) "
+                "completes: the run would end mid-cosine. Lower max_epochs so that it fits the time instead."
+            )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, total, hp.min_lr_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -316,6 +322,20 @@ def layer_id(name: str, depth: int) -> int:
     if name.startswith("blocks."):
         return int(name.split(".")[1]) + 1
     return depth + 1
+
+
+def schedule_warmup(warmup_epochs: float, steps_per_epoch: float, total: int, max_epochs: int | None) -> int:
+    """Warmup steps for a schedule of `total` steps. Warmup as long as the whole schedule would train on the ramp
+    alone and never reach the cosine: corrected to a tenth of the schedule, with a warning that says so."""
+    warmup = int(warmup_epochs * steps_per_epoch)
+    if warmup >= total:
+        fixed = max(0, total // 10)
+        rank_zero_warn(
+            f"warmup_epochs={warmup_epochs} is not shorter than the schedule (max_epochs={max_epochs}, {total} steps): "
+            f"warming up for {fixed} steps (a tenth) instead, then cosine; set --model.warmup_epochs to choose"
+        )
+        warmup = fixed
+    return warmup
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):
