@@ -121,20 +121,45 @@ def _write_cifar(root: Path, n: int) -> None:
     (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [str(i) for i in range(10)]}))
 
 
-def case_data(device, rounds: int, tmp: Path) -> list[dict]:
-    from torch.utils.data import DataLoader
+def _cifar_train(tmp: Path, transform):
+    """torchvision's CIFAR10 over our small archive in its on-disk format (md5 checks skipped: not the real files)."""
     from torchvision import datasets
-    from torchvision.transforms import v2
 
-    from vit.device_data import DeviceBatches
+    if not (tmp / "cifar-10-batches-py").is_dir():
+        _write_cifar(tmp, 2000)  # 10,000 training images
 
-    _write_cifar(tmp, 2000)  # 10,000 training images in torchvision's on-disk format
-
-    class cls(datasets.CIFAR10):  # our archive, not the real one: skip the md5 checks of the real files
+    class cls(datasets.CIFAR10):
         meta = {**datasets.CIFAR10.meta, "md5": None}
 
         def _check_integrity(self) -> bool:
             return True
+
+    return cls(str(tmp), train=True, transform=transform, download=False)
+
+
+def _loader_vs_batches(loader, batches, device, rounds: int, case: str, goal: str) -> list[dict]:
+    """Images/s of a DataLoader (reference) and of DeviceBatches (ours), every batch moved to the device."""
+
+    def run(it):
+        def f():
+            for x, _ in it:
+                x = x.to(device, non_blocking=True)
+            sync(device)
+
+        return f
+
+    t_ref, t_ours, ratio = interleaved(run(loader), run(batches), rounds)
+    n = len(batches) * batches.batch_size
+    return [
+        {"case": case, "ours": n / t_ours, "reference": n / t_ref, "speedup": 1 / ratio, "goal": goal, "unit": "img/s"}
+    ]
+
+
+def case_data(device, rounds: int, tmp: Path) -> list[dict]:
+    from torch.utils.data import DataLoader
+    from torchvision.transforms import v2
+
+    from vit.device_data import DeviceBatches
 
     mean, std = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
     tf = v2.Compose(
@@ -146,7 +171,7 @@ def case_data(device, rounds: int, tmp: Path) -> list[dict]:
             v2.Normalize(mean, std),
         ]
     )
-    ds = cls(str(tmp), train=True, transform=tf, download=False)
+    ds = _cifar_train(tmp, tf)
     loader = DataLoader(
         ds,
         batch_size=256,
@@ -161,46 +186,17 @@ def case_data(device, rounds: int, tmp: Path) -> list[dict]:
         images, torch.tensor(ds.targets, device=device), 256, mean, std, train=True, crop_padding=4, hflip=True
     )
 
-    def run(it):
-        def f():
-            for x, _ in it:
-                x = x.to(device, non_blocking=True)
-            sync(device)
-
-        return f
-
-    t_ref, t_ours, ratio = interleaved(run(loader), run(fast), rounds)
-    n = len(fast) * 256
-    return [
-        {
-            "case": "data path img/s",
-            "ours": n / t_ours,
-            "reference": n / t_ref,
-            "speedup": 1 / ratio,
-            "goal": ">= 10",
-            "unit": "img/s",
-        }
-    ]
+    return _loader_vs_batches(loader, fast, device, rounds, "data path img/s", ">= 10")
 
 
 def case_augment(device, rounds: int, tmp: Path) -> list[dict]:
     """The CIFAR recipe's augmentation (crop 4 + flip, AutoAugment CIFAR10 policy, Random Erasing 0.25): batched on
     the device, every image drawing its own operations, vs torchvision's per-image policies through a DataLoader."""
     from torch.utils.data import DataLoader
-    from torchvision import datasets
     from torchvision.transforms import v2
 
     from vit.augment import BatchAutoAugment
     from vit.device_data import DeviceBatches
-
-    if not (tmp / "cifar-10-batches-py").is_dir():
-        _write_cifar(tmp, 2000)
-
-    class cls(datasets.CIFAR10):
-        meta = {**datasets.CIFAR10.meta, "md5": None}
-
-        def _check_integrity(self) -> bool:
-            return True
 
     mean, std = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
     tf = v2.Compose(
@@ -214,7 +210,7 @@ def case_augment(device, rounds: int, tmp: Path) -> list[dict]:
             v2.RandomErasing(0.25, value=0),
         ]
     )
-    ds = cls(str(tmp), train=True, transform=tf, download=False)
+    ds = _cifar_train(tmp, tf)
     loader = DataLoader(ds, batch_size=256, shuffle=True, num_workers=2, drop_last=True, persistent_workers=True)
     images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous().to(device)
     ours = DeviceBatches(
@@ -230,26 +226,7 @@ def case_augment(device, rounds: int, tmp: Path) -> list[dict]:
         erasing=0.25,
     )
 
-    def run(it):
-        def f():
-            for x, _ in it:
-                x = x.to(device, non_blocking=True)
-            sync(device)
-
-        return f
-
-    t_ref, t_ours, ratio = interleaved(run(loader), run(ours), rounds)
-    n = len(ours) * 256
-    return [
-        {
-            "case": "augmentation img/s, CIFAR recipe",
-            "ours": n / t_ours,
-            "reference": n / t_ref,
-            "speedup": 1 / ratio,
-            "goal": ">= 20 (floor 10)",
-            "unit": "img/s",
-        }
-    ]
+    return _loader_vs_batches(loader, ours, device, rounds, "augmentation img/s, CIFAR recipe", ">= 20 (floor 10)")
 
 
 def _peak_memory(fn, device) -> float:
