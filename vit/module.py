@@ -306,7 +306,7 @@ class ViTClassifier(L.LightningModule):
         total = max(1, int(self.trainer.estimated_stepping_batches))
         steps_per_epoch = total / max(1, self.trainer.max_epochs or 1)
         warmup = schedule_warmup(hp.warmup_epochs, steps_per_epoch, total, self.trainer.max_epochs)
-        if any(type(cb).__name__ == "Timer" for cb in self.trainer.callbacks):  # --trainer.max_time
+        if any(type(cb).__name__ == "Timer" for cb in getattr(self.trainer, "callbacks", ())):  # --trainer.max_time
             rank_zero_warn(
                 "trainer.max_time can stop training before the learning-rate schedule (planned over max_epochs) "
                 "completes: the run would end mid-cosine. Lower max_epochs so that it fits the time instead."
