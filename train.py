@@ -1,7 +1,7 @@
 """Train a Vision Transformer: `python train.py` is the `vit-train` command (vit/cli.py).
 
 python train.py                                        # CIFAR-10 with configs/cifar10.yaml
-python train.py --config configs/digits.yaml           # offline demo, ~45 s on a 2-core CPU (= make train)
+python train.py --config configs/digits.yaml           # offline demo, about a minute on a 2-core CPU (= make train)
 python train.py --config configs/folder.yaml --data.root path/to/images
 python train.py fit --config configs/digits.yaml --ckpt_path last   # resume the newest run of this config
 python train.py --help

@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Write `<stem>_attention.png` per image: the image above its rollout overlay, and the per-head maps.
     `faithfulness ...` as the first argument: the deletion/insertion table of vit.faithfulness instead."""
-    from vit.checkpoint import CheckpointError, load_model
+    from vit.checkpoint import load_model_or_report
     from vit.data import describe, eval_transform, read_image
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -311,11 +311,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return faithfulness_main(argv[1:])
     args = build_parser().parse_args(argv)
-    try:
-        model, hp = load_model(args.ckpt)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
+    loaded = load_model_or_report(args.ckpt)
+    if loaded is None:
         return 2
+    model, hp = loaded
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tf = eval_transform(hp["img_size"], hp["mean"], hp["std"])

@@ -66,3 +66,14 @@ def load_model(path: str | Path) -> tuple[VisionTransformer, dict]:
             f"{path}: weights do not fit the architecture in its hyper-parameters ({detail})"
         ) from None
     return model.eval(), hparams
+
+
+def load_model_or_report(path: str | Path) -> tuple[VisionTransformer, dict] | None:
+    """load_model for the commands: on a bad checkpoint print its one line to stderr and return None (exit 2)."""
+    import sys
+
+    try:
+        return load_model(path)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None

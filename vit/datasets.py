@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torchvision import datasets
+from torchvision.transforms import v2
 
 from vit.data import (
     CIFAR10_MEAN,
@@ -136,12 +137,7 @@ class TorchvisionDataModule(ImageClassificationData):
         self.memory = {"train": (train_x, train_y), "val": (val_x, val_y)}
         self.crop_padding, self.hflip, self.erasing = crop_padding, hflip, random_erasing
         self.auto_augment = batch_policy(auto_augment, autoaugment_policy)
-        to_float = lambda x: (
-            (x.float() / 255 - torch.tensor(self.mean)[:, None, None])
-            / torch.tensor(self.std)[  # noqa: E731
-                :, None, None
-            ]
-        )
+        to_float = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)])
         self.train_set = TensorImageDataset(train_x, train_y, to_float)  # per-item views; the loaders use the tensors
         self.val_set = TensorImageDataset(val_x, val_y, to_float)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from vit.checkpoint import CheckpointError, load_model
+from vit.checkpoint import load_model_or_report
 
 
 def export(
@@ -61,11 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        model, hp = load_model(args.ckpt)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
+    loaded = load_model_or_report(args.ckpt)
+    if loaded is None:
         return 2
+    model, hp = loaded
     out = export(model, args.format, args.out, hp["img_size"], hp.get("in_chans", 3), args.opset)
     meta = {
         "input": "images",

@@ -109,16 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vit.checkpoint import CheckpointError, load_model
-    from vit.data import eval_transform, read_image
+    from vit.checkpoint import load_model_or_report
+    from vit.data import describe, eval_transform, read_image
     from vit.predict import expand_inputs
 
     args = build_parser().parse_args(argv)
-    try:
-        model, hp = load_model(args.ckpt)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
+    loaded = load_model_or_report(args.ckpt)
+    if loaded is None:
         return 2
+    model, hp = loaded
     paths = expand_inputs([args.folder])[: args.limit]
     if not paths or not Path(args.folder).exists():
         print(f"error: {args.folder}: no images", file=sys.stderr)
@@ -129,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             x = tf(read_image(p))
         except Exception as e:  # an unreadable file is skipped, as in predict
-            print(f"{p}: skipped: {e}", file=sys.stderr)
+            print(f"{p}: skipped: {describe(e)}", file=sys.stderr)
             continue
         images.append(x[: hp.get("in_chans", 3)])
     result = faithfulness(model, torch.stack(images))

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from vit.checkpoint import CheckpointError, load_model
+from vit.checkpoint import load_model_or_report
 from vit.data import describe, eval_geometry, read_image
 
 FORMATS = ("table", "json", "csv")
@@ -220,11 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.topk < 1 or args.batch_size < 1:
         ap.error("--topk and --batch-size must be >= 1")
-    try:
-        model, hparams = load_model(args.ckpt)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
+    loaded = load_model_or_report(args.ckpt)
+    if loaded is None:
         return 2
+    model, hparams = loaded
     paths = expand_inputs(args.inputs)
     if not paths:
         print(f"error: no image matched {' '.join(args.inputs)}", file=sys.stderr)
