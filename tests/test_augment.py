@@ -187,6 +187,15 @@ def test_random_erasing_matches_torchvision_on_the_same_box_and_rate():
     assert 0.015 < area.min() and area.max() < 0.36 and math.isclose(area.median().item(), 0.175, abs_tol=0.04)
 
 
+def test_random_erasing_in_place_erases_the_same_boxes_as_a_copy():
+    x = torch.randn(64, 3, 16, 16)
+    copy = A.random_erasing(x, 0.5, torch.Generator().manual_seed(1))
+    assert not torch.equal(copy, x)  # some images erased, x untouched
+    y = x.clone()
+    out = A.random_erasing(y, 0.5, torch.Generator().manual_seed(1), inplace=True)
+    assert out.data_ptr() == y.data_ptr() and torch.equal(y, copy)
+
+
 def test_a_batch_draws_per_image_not_per_batch():
     aug = A.BatchAutoAugment("trivialaugment")
     op, _ = aug.sample(256, 32, 32, torch.Generator().manual_seed(0))

@@ -417,7 +417,7 @@ def random_erasing_boxes(
     return torch.stack([top, left, h * keep, w * keep], dim=1)
 
 
-def erase(x: torch.Tensor, boxes: torch.Tensor, value: float = 0.0) -> torch.Tensor:
+def erase(x: torch.Tensor, boxes: torch.Tensor, value: float = 0.0, inplace: bool = False) -> torch.Tensor:
     """Set each image's box to `value`: x (B, C, H, W), boxes (B, 4) top, left, h, w (h = 0: untouched)."""
     H, W = x.shape[-2:]
     top, left, h, w = (b[:, None] for b in boxes.unbind(1))
@@ -426,14 +426,18 @@ def erase(x: torch.Tensor, boxes: torch.Tensor, value: float = 0.0) -> torch.Ten
     in_r = (rows >= top) & (rows < top + h)  # (B, H)
     in_c = (cols >= left) & (cols < left + w)  # (B, W)
     mask = in_r[:, None, :, None] & in_c[:, None, None, :]
-    return x.masked_fill(mask, value)
+    return x.masked_fill_(mask, value) if inplace else x.masked_fill(mask, value)
 
 
-def random_erasing(x: torch.Tensor, p: float, generator: torch.Generator, value: float = 0.0) -> torch.Tensor:
+def random_erasing(
+    x: torch.Tensor, p: float, generator: torch.Generator, value: float = 0.0, inplace: bool = False
+) -> torch.Tensor:
     """RandomErasing of each image of a batch with probability p (after Normalize: value 0 is the mean colour). On CPU
-    only the erased images are touched (as in apply_ops)."""
+    only the erased images are touched (as in apply_ops); `inplace` writes them into x instead of a copy of the whole
+    batch (the in-memory path passes its fresh batch: 3 MB less to copy per 256 CIFAR images)."""
     boxes = random_erasing_boxes(x.shape[0], x.shape[-2], x.shape[-1], p, generator, device=x.device)
     if x.device.type != "cpu":
-        return erase(x, boxes, value)
+        return erase(x, boxes, value, inplace=inplace)
     idx = (boxes[:, 2] > 0).nonzero().squeeze(1)
-    return x.index_copy(0, idx, erase(x.index_select(0, idx), boxes[idx], value))
+    erased = erase(x.index_select(0, idx), boxes[idx], value)
+    return x.index_copy_(0, idx, erased) if inplace else x.index_copy(0, idx, erased)
