@@ -48,6 +48,7 @@ def ours(root: str, batch_size: int, workdir: Path) -> tuple[float, int]:
         "--config",
         "configs/folder.yaml",
         f"--data.root={root}",
+        "--plan=false",  # the data path, not the recipe: the same fields every round, no calibration
         "--data.init_args.img_size=28",
         f"--data.init_args.batch_size={batch_size}",
         "--trainer.max_epochs=1",

@@ -23,12 +23,14 @@ import torch
 from jsonargparse import ArgumentError, set_parsing_settings
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
 from vit.callbacks import AttentionMapCallback
 from vit.checkpoint import CheckpointError, load_checkpoint
 from vit.checkpoint_io import AtomicCheckpointIO
 from vit.data import DataError, ImageClassificationData
 from vit.module import NonFiniteLossError, ViTClassifier
+from vit.planned_run import FitBudget, apply_plan, explicit_keys, is_explicit, plan_yaml
 
 # Facts about the data that the model must agree with: taken from the DataModule, never typed twice.
 LINKED = {
@@ -75,6 +77,20 @@ class ViTCLI(LightningCLI):
             default=None,
             help="also write last-step.ckpt every N training steps (default: every 5 minutes of training)",
         )
+        parser.add_argument(
+            "--plan",
+            type=bool,
+            default=False,
+            help="plan the recipe for an image folder from the data, this machine and --budget (vit/plan.py); "
+            "configs/folder.yaml turns it on; any field you set wins over the plan",
+        )
+        parser.add_argument(
+            "--budget",
+            type=str | None,
+            default=None,
+            help="wall time of a planned run from start to exit, e.g. 300s, 5min, 1.5h: the plan picks the model and "
+            "the epochs so that the whole learning-rate schedule finishes in it",
+        )
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
         parser.add_lightning_class_args(AttentionMapCallback, "attention_maps")  # on in every config
@@ -91,6 +107,18 @@ class ViTCLI(LightningCLI):
             except CheckpointError as e:
                 sys.exit(f"error: {e}")
         super()._parse_ckpt_path()
+
+    def __init__(self, *args, args_list: Sequence[str] = (), **kwargs):
+        self._argv, self._plan = list(args_list), None
+        super().__init__(*args, **kwargs)
+
+    def before_instantiate_classes(self) -> None:
+        # Planning happens before anything is built: the folder is then decoded once, at the planned size.
+        if self.subcommand == "fit":
+            try:
+                self._plan = apply_plan(self.config.fit, self._argv)
+            except ValueError as e:
+                sys.exit(f"error: {e}")
 
     def instantiate_classes(self) -> None:
         try:
@@ -124,7 +152,25 @@ class ViTCLI(LightningCLI):
 
         for cb in self.trainer.checkpoint_callbacks:
             cb.dirpath = str(Path("checkpoints", run).resolve())
+        if self._plan is not None:
+            self._save_plan_and_keep_budget(logger)
         self._start = time.perf_counter()
+
+    def _save_plan_and_keep_budget(self, logger) -> None:
+        plan, deadline = self._plan
+        parser, config = self._parser("fit"), self.config.fit
+        out = Path(logger.log_dir if logger else ".", "plan.yaml")
+
+        def save(max_epochs: int) -> None:
+            if self.trainer.is_global_zero:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(plan_yaml(parser, config, max_epochs, plan))
+
+        save(self.trainer.max_epochs)
+        rank_zero_info(f"plan saved: {out} (vit-train fit --config {out} repeats this run)")
+        explicit = explicit_keys(self._argv, [str(p) for p in (config.get("config") or [])])
+        if deadline is not None and not is_explicit("trainer.max_epochs", explicit):
+            self.trainer.callbacks.append(FitBudget(deadline, cap=plan.cap, on_change=save))
 
     def _resume_in_place(self, config) -> None:
         """`--ckpt_path last`: the newest last*.ckpt of this run name; and for a checkpoint of checkpoints/<name>/
@@ -220,6 +266,7 @@ def main(args: Sequence[str] | None = None) -> ViTCLI:
             ImageClassificationData,
             subclass_mode_data=True,
             args=argv,
+            args_list=argv,
             save_config_kwargs={"overwrite": True},
             # raise instead of printing the whole usage: main() prints one line naming the key and the value
             parser_kwargs={"exit_on_error": False},

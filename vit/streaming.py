@@ -2,8 +2,7 @@
 storage), then streamed with per-rank sharding under DDP.
 
     python -m vit.streaming optimize path/to/images chunks/          # root/train/<class>/*, root/val/<class>/*
-    python train.py --config configs/folder.yaml --data vit.streaming.StreamingDataModule \\
-        --data.init_args.input_dir chunks/ --data.init_args.img_size 64
+    python train.py --config configs/streaming.yaml --data.init_args.input_dir chunks/
 
 (`input_dir` may be `s3://bucket/prefix` once the chunks are uploaded there: litdata reads object storage and keeps a
 capped local cache.) The chunks hold the original encoded files, so optimize is a copy, not a decode; images are

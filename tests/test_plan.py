@@ -1,0 +1,221 @@
+"""The planner (vit/plan.py) and planned runs (vit/planned_run.py): the rule table on tiny, small and large
+fingerprints, the budget arithmetic and its correction after the first epoch (fake clock), explicit fields winning,
+and plan.yaml repeating the run."""
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+
+import train
+from bench.digits_folder import write_digits_folder
+from vit.plan import MODELS, Fingerprint, Machine, make_plan, mirror_symmetry, parse_budget
+from vit.planned_run import FitBudget, explicit_keys, is_explicit
+
+CPU2, GPU = Machine("cpu", 2), Machine("cuda", 16, "H200", 139.0)
+
+
+def fp(n_train, n_val=None, classes=10, side=28, symmetry=0.3, gray=1.0, decode_s=5.0):
+    n_val = n_train // 4 if n_val is None else n_val
+    return Fingerprint("data", n_train, n_val, [n_train // classes] * classes, side, side, side, gray, symmetry, decode_s)
+
+
+def speeds_like_2_cores(archs, batch):
+    """Images/s of a training step, roughly as measured on the 2-core CPU at 16 tokens: halves per model step."""
+    return [3000.0 / 2**i for i in range(len(archs))]
+
+
+def plan(f, machine=CPU2, budget=None, speed=speeds_like_2_cores):
+    return make_plan(f, machine, budget_s=budget, elapsed_s=3.0, speed_fn=speed).overrides
+
+
+def test_a_tiny_folder_gets_a_small_model_light_augmentation_and_small_batches():
+    p = plan(fp(120, classes=3, side=20))
+    assert (p["model.arch.embed_dim"], p["model.arch.depth"]) in [m[:2] for m in MODELS[:2]]
+    assert p["data.init_args.batch_size"] == 120 // 8  # at least 8 steps per epoch
+    assert p["data.init_args.crop_scale"] == [0.8, 1.0] and p["data.init_args.auto_augment"] == "none"
+    assert p["model.mixup_alpha"] == 0 and p["data.init_args.random_erasing"] == 0
+    assert (p["data.init_args.img_size"], p["model.arch.patch_size"]) == (24, 6)  # 16 tokens
+    assert p["trainer.max_epochs"] == 60
+
+
+def test_a_small_folder_of_digits_is_not_flipped_and_trains_at_its_own_size():
+    p = plan(fp(8000, side=28, symmetry=0.49))
+    assert p["data.init_args.hflip"] is False
+    assert (p["data.init_args.img_size"], p["model.arch.patch_size"]) == (32, 8)
+    assert p["data.init_args.batch_size"] == 128
+    assert p["trainer.max_epochs"] == 40
+
+
+def test_a_large_colour_folder_on_a_gpu_gets_photo_augmentation_mixup_and_the_big_model():
+    p = plan(fp(500_000, classes=100, side=96, symmetry=0.95, gray=0.0), machine=GPU)
+    assert p["data.init_args.hflip"] is True
+    assert p["data.init_args.auto_augment"] == "trivialaugment" and p["data.init_args.random_erasing"] > 0
+    assert p["model.mixup_alpha"] > 0 and p["model.cutmix_alpha"] > 0
+    assert (p["model.arch.embed_dim"], p["model.arch.depth"]) == MODELS[-1][:2]
+    assert p["data.init_args.batch_size"] == 256
+    assert p["model.arch.patch_size"] == 12 and p["data.init_args.img_size"] == 96  # 8x8 tokens
+
+
+def test_cifar_sized_images_get_16_tokens_on_a_cpu_and_64_on_a_gpu():
+    f = fp(50_000, side=32, symmetry=0.95, gray=0.0)
+    assert plan(f)["model.arch.patch_size"] == 8 and plan(f, machine=GPU)["model.arch.patch_size"] == 4
+
+
+def test_a_grayscale_large_folder_gets_no_colour_policy():
+    assert plan(fp(100_000, gray=1.0))["data.init_args.auto_augment"] == "none"
+
+
+@pytest.mark.parametrize("budget", [60, 120, 300, 900])
+def test_the_planned_run_fills_the_budget_within_15_percent(budget):
+    f = fp(8000)
+    result = make_plan(f, CPU2, budget_s=budget, elapsed_s=3.0, speed_fn=speeds_like_2_cores)
+    assert 0.85 * budget <= result.estimate_s <= budget, (result.estimate_s, budget)
+    epochs = result.overrides["trainer.max_epochs"]
+    assert 3.0 + f.decode_s + 8.0 + epochs * result.epoch_s == pytest.approx(result.estimate_s)
+
+
+def test_a_bigger_budget_buys_a_bigger_model_and_more_epochs():
+    small = plan(fp(8000), budget=120)
+    large = plan(fp(8000), budget=1200)
+    assert large["model.arch.embed_dim"] > small["model.arch.embed_dim"]
+    assert large["trainer.max_epochs"] >= small["trainer.max_epochs"]
+
+
+def test_a_budget_too_short_to_train_is_refused_with_the_minimum():
+    with pytest.raises(ValueError, match=r"budget=15s is too short for data: .* give at least \d+s"):
+        make_plan(fp(8000), CPU2, budget_s=15, elapsed_s=3.0, speed_fn=speeds_like_2_cores)
+
+
+def test_budgets_parse_like_a_person_writes_them():
+    assert parse_budget("5min") == 300 and parse_budget("300s") == 300 and parse_budget("1.5h") == 5400
+    assert parse_budget("90") == 90 and parse_budget("00:00:05:00") == 300 and parse_budget({"minutes": 2}) == 120
+    assert parse_budget(None) is None
+    for bad in ("soon", "-5min", "0s"):
+        with pytest.raises(ValueError, match="budget="):
+            parse_budget(bad)
+
+
+def test_mirror_symmetry_tells_handed_classes_from_mirror_symmetric_ones():
+    g = torch.Generator().manual_seed(0)
+    base = torch.rand(4, 16, 16, generator=g)
+    handed = [(base[c] * 255).to(torch.uint8).expand(3, -1, -1) for c in range(4) for _ in range(5)]
+    sym = [((base[c] + base[c].flip(-1)) * 127).to(torch.uint8).expand(3, -1, -1) for c in range(4) for _ in range(5)]
+    labels = [c for c in range(4) for _ in range(5)]
+    assert mirror_symmetry(sym, labels) > 0.99
+    assert mirror_symmetry(handed, labels) < 0.3
+
+
+class FakeTrainer:
+    """What FitBudget reads and writes of a Trainer: 10 steps per epoch, a LambdaLR over two parameter groups."""
+
+    def __init__(self, max_epochs, module):
+        self.fit_loop = SimpleNamespace(max_epochs=max_epochs)
+        self.current_epoch = 0
+        opt = torch.optim.AdamW([{"params": [torch.zeros(1)]}, {"params": [torch.zeros(1)]}])
+        from vit.module import warmup_cosine
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(10, 10 * max_epochs, 0.01))
+        self.lr_scheduler_configs = [SimpleNamespace(scheduler=sched)]
+
+    @property
+    def max_epochs(self):
+        return self.fit_loop.max_epochs
+
+    @property
+    def estimated_stepping_batches(self):
+        return 10 * self.max_epochs
+
+
+@pytest.mark.parametrize("real_epoch_s", [2.0, 5.0, 9.0])
+def test_the_budget_correction_after_one_epoch_ends_the_run_on_time(real_epoch_s):
+    """Planned: 20 epochs of 5 s in a 110 s budget (10 s spent). Really an epoch takes real_epoch_s: the run is resized
+    after the first so that it ends within 15% of the deadline, with a complete cosine schedule."""
+    now = [10.0]
+    saved = []
+    module = SimpleNamespace(hparams=SimpleNamespace(warmup_epochs=1, min_lr_ratio=0.01))
+    trainer = FakeTrainer(20, module)
+    cb = FitBudget(deadline=110.0, cap=100, on_change=saved.append, clock=lambda: now[0], teardown_s=0.0)
+    # planned: 20 epochs of 5 s after 10 s; the 5% reserve makes a 5-s epoch plan 19
+    cb.on_train_epoch_start(trainer, module)
+    now[0] += real_epoch_s
+    trainer.current_epoch = 1
+    cb.on_train_epoch_start(trainer, module)
+    end = 10.0 + trainer.max_epochs * real_epoch_s
+    assert 0.85 * 110 <= end <= 110, (trainer.max_epochs, end)
+    assert saved == ([trainer.max_epochs] if trainer.max_epochs != 20 else [])
+    lam = trainer.lr_scheduler_configs[0].scheduler.lr_lambdas
+    total = 10 * trainer.max_epochs
+    assert len(lam) == 2 and lam[0](total) == pytest.approx(0.01) and lam[0](total - 20) > 0.01  # cosine ends at total
+    assert lam[0](5) == pytest.approx(0.6)  # the first epoch (warmup) is unchanged
+
+
+def test_explicit_keys_come_from_flags_and_config_files(tmp_path):
+    cfg = tmp_path / "mine.yaml"
+    cfg.write_text("model:\n  arch:\n    depth: 2\ndata:\n  init_args:\n    hflip: true\n")
+    keys = explicit_keys(["--data.root", "x", "--model.lr=0.01", "--trainer.callbacks+=a.B"], [cfg])
+    assert {"data.init_args.root", "model.lr", "model.arch.depth", "data.init_args.hflip", "trainer.callbacks"} <= keys
+    assert is_explicit("model.arch.depth", keys) and not is_explicit("model.arch.embed_dim", keys)
+    assert is_explicit("model.arch.embed_dim", {"model.arch"})  # a whole dict given at once
+
+
+@pytest.fixture(scope="module")
+def digits_folder(tmp_path_factory):
+    return write_digits_folder(tmp_path_factory.mktemp("digits"), limit=400, val_size=80)
+
+
+def _state(ckpt: Path) -> dict:
+    return torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
+
+
+def test_a_folder_run_plans_yours_win_and_plan_yaml_repeats_it(digits_folder, in_tmp):
+    (in_tmp / "mine.yaml").write_text("model:\n  arch:\n    depth: 1\n")
+    flags = ["--trainer.max_epochs", "2", "--model.lr", "0.003", "--trainer.enable_progress_bar", "false"]
+    args = ["--config", "configs/folder.yaml", "--config", "mine.yaml", "--data.root", str(digits_folder)]
+    cli = train.main(["fit", *args, *flags])
+    arch = cli.model.hparams.arch
+    assert arch["depth"] == 1 and cli.model.hparams.lr == 0.003 and cli.trainer.max_epochs == 2  # yours
+    assert (arch["img_size"], arch["patch_size"]) == (24, 6) and cli.datamodule.hflip is False  # planned
+    assert cli.model.hparams.label_smoothing == 0.1 and cli.datamodule.rrc_scale == (0.8, 1.0)
+    plan_file = in_tmp / "logs" / "folder" / "version_0" / "plan.yaml"
+    saved = yaml.safe_load(plan_file.read_text())
+    assert saved["plan"] is False and saved["budget"] is None and saved["model"]["arch"]["embed_dim"] == arch["embed_dim"]
+    first = _state(in_tmp / "checkpoints" / "folder" / "version_0" / "last.ckpt")
+
+    again = train.main(["fit", "--config", str(plan_file), "--trainer.enable_progress_bar", "false"])
+    assert again.model.hparams == cli.model.hparams
+    second = _state(in_tmp / "checkpoints" / "folder" / "version_1" / "last.ckpt")
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)  # the same run, weight for weight
+    assert not (in_tmp / "logs" / "folder" / "version_1" / "plan.yaml").exists()  # no planning the second time
+
+
+def test_budget_on_a_fixed_recipe_or_a_bad_budget_is_one_line(in_tmp, digits_folder):
+    with pytest.raises(SystemExit, match=r"error: --budget and plan: true plan a recipe for a folder of images"):
+        train.main(["fit", "--config", "configs/digits.yaml", "--budget", "1min"])
+    with pytest.raises(SystemExit, match=r"error: budget='soon': expected a duration such as 300s, 5min or 1.5h"):
+        train.main(["fit", "--data.root", str(digits_folder), "--budget", "soon"])
+
+
+def test_a_budget_resizes_the_run_and_rewrites_plan_yaml(digits_folder, in_tmp, monkeypatch):
+    """A real run with a budget: FitBudget is on, and when it resizes, plan.yaml says the new epoch count."""
+    import vit.planned_run as pr
+
+    resized = []
+    original = pr.FitBudget.resize
+
+    def resize(self, trainer, pl_module, epochs, epoch_s):
+        epochs = 3  # what a shorter real epoch would give; the rest is the real code path
+        resized.append(epochs)
+        original(self, trainer, pl_module, epochs, epoch_s)
+
+    monkeypatch.setattr(pr.FitBudget, "resize", resize)
+    cli = train.main(["fit", "--data.root", str(digits_folder), "--budget", "2h", "--trainer.enable_progress_bar", "false",
+                      "--model.arch.depth", "1", "--model.arch.embed_dim", "32", "--model.arch.num_heads", "2"])
+    assert resized == [3] and cli.trainer.current_epoch == 3
+    saved = yaml.safe_load((in_tmp / "logs" / "folder" / "version_0" / "plan.yaml").read_text())
+    assert saved["trainer"]["max_epochs"] == 3 and saved["trainer"]["max_time"] is None
+    assert math.isclose(cli.trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[0], 0.002 * 0.01, rel_tol=1e-6)

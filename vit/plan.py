@@ -1,0 +1,432 @@
+"""Plan a whole training recipe for an image folder from the data, the machine and a time budget.
+
+nnU-Net's idea on a ViT classifier: a dataset fingerprint turned into a recipe by explicit rules, no search at run time
+beyond a few timed training steps of the candidate models (this machine's speed).
+
+    fp = fingerprint("path/to/images")          # counts, classes, sizes, modes, mirror symmetry (~1 s / 10k files)
+    machine = Machine.here()                    # device kind, cores or GPU memory
+    plan = make_plan(fp, machine, budget_s=300) # the rules below; calibrates the candidates it needs
+    print(plan.table())                         # what was measured, what was chosen, why
+    plan.overrides                              # {"model.arch.embed_dim": 96, "trainer.max_epochs": 40, ...}
+
+`vit-train fit --data.root PATH [--budget 5min]` plans this way (vit/cli.py), prints the table, and saves the full
+config as <run>/plan.yaml; anything given on the command line or in a config file wins over the plan. The
+measurements behind each rule are in docs/recipes.md.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from torchvision.datasets import DatasetFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
+
+from vit.data import DataError, decode_images
+from vit.model import ViTConfig, VisionTransformer
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The rule table. Each line: the rule, then the measurement behind it (docs/recipes.md has the sweeps).
+# ---------------------------------------------------------------------------------------------------------------------
+
+# Candidate models, smallest first: (embed_dim, depth, num_heads). The planner takes the largest one that the data
+# allows (MAX_MODEL) and that still gets MIN_EPOCHS within the budget on this machine.
+MODELS = [(64, 3, 2), (96, 4, 3), (128, 6, 4), (192, 6, 3), (256, 8, 4)]
+
+# By training images: (up to n, largest model index, batch size, epochs wanted without a budget, fewest epochs worth
+# training, crop scale, TrivialAugment, Random Erasing, Mixup/CutMix). Small data: little augmentation, many epochs
+# (the 1,437 digits: 98% with crop+flip-free translation at 60 epochs, 62% with folder.yaml's photo augmentation);
+# large data: timm/DeiT's regularisation. See docs/recipes.md, "data size".
+TIERS = [
+    # n       model batch want  min  crop_scale   trivialaug erasing mixup
+    (3_000,   1,    64,   60,   20,  (0.8, 1.0),  False,     0.0,    False),
+    (30_000,  2,    128,  40,   30,  (0.8, 1.0),  False,     0.0,    False),
+    (200_000, 3,    128,  40,   10,  (0.35, 1.0), True,      0.25,   False),
+    (math.inf, 4,   256,  30,   8,   (0.35, 1.0), True,      0.25,   True),
+]
+
+# Training resolution: the image side nearest above the median short side among these (never upsampling more than
+# one step, never below 16 px), with a 4x4 token grid up to 32 px and 8x8 above: 16 tokens keep a CPU epoch of
+# 8,000 MNIST digits near 6 s (vs 20 s at 49 tokens) for the same accuracy in a fixed budget (docs/recipes.md,
+# "tokens").
+SIDES = [16, 24, 32, 48, 64, 96, 128]
+LR = 2e-3  # AdamW peak at batch 64-256 for these widths; 1e-3 and 3e-3 were worse on both datasets (docs/recipes.md)
+LABEL_SMOOTHING = 0.1
+WEIGHT_DECAY = 0.05
+# Horizontal flips only when the classes look alike in a mirror: the class means (minus the overall mean) correlate
+# with their own mirror images above this. Digits: 0.2-0.3 (flips hurt: a flipped 2 is no 2); symmetric objects and
+# natural photos, whose class means average left- and right-facing views: near 1.
+FLIP_SYMMETRY = 0.6
+# Wall time besides the epochs: Lightning's start-up, sanity check, the last checkpoint and teardown (CPU, measured
+# with the digits and MNIST folders: 4-7 s), and the extra cost of a real epoch over the timed model steps
+# (augmentation, metrics, logging: 1.10-1.25x).
+FIXED_S, EPOCH_OVERHEAD = 8.0, 1.2
+
+
+@dataclass
+class Fingerprint:
+    """What the planner knows about a folder of images, read from file headers and a small decoded sample."""
+
+    root: str
+    n_train: int
+    n_val: int
+    class_counts: list[int]
+    median_side: int  # median over files of min(height, width)
+    min_side: int
+    max_side: int
+    grayscale: float  # fraction of files that are grayscale (modes L, LA, I, I;16, 1, or palettes of greys)
+    mirror_symmetry: float  # see FLIP_SYMMETRY
+    decode_s: float  # measured seconds to decode the whole folder once (threads)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_counts)
+
+    @property
+    def balance(self) -> float:
+        return min(self.class_counts) / max(self.class_counts)
+
+
+@dataclass
+class Machine:
+    device: str  # "cpu" or "cuda"
+    cores: int
+    gpu: str = ""
+    gpu_mem_gb: float = 0.0
+
+    @staticmethod
+    def here() -> Machine:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            return Machine("cuda", cores, p.name, p.total_memory / 2**30)
+        return Machine("cpu", cores)
+
+    def __str__(self) -> str:
+        return f"{self.gpu} ({self.gpu_mem_gb:.0f} GB)" if self.device == "cuda" else f"CPU, {self.cores} cores"
+
+
+@dataclass
+class Plan:
+    overrides: dict[str, Any]  # dotted config key -> value
+    rows: list[tuple[str, str, str]] = field(default_factory=list)  # (what, value, why)
+    estimate_s: float = 0.0  # planned wall time from process start to exit
+    epoch_s: float = 0.0  # planned seconds per epoch (training + validation)
+    cap: int = 0  # most epochs the budget may stretch the run to
+
+    def table(self) -> str:
+        w = max(len(r[0]) for r in self.rows)
+        v = max(len(r[1]) for r in self.rows)
+        return "\n".join(f"  {a:<{w}}  {b:<{v}}  {c}" for a, b, c in self.rows)
+
+
+def parse_budget(text: str | int | float | None) -> float | None:
+    """'5min', '300s', '1.5h', '90' (seconds), Lightning's 'DD:HH:MM:SS' or a {'minutes': 5} dict -> seconds."""
+    if text is None or text == "":
+        return None
+    if isinstance(text, dict):
+        from datetime import timedelta
+
+        return timedelta(**text).total_seconds()
+    if isinstance(text, int | float):
+        seconds = float(text)
+    elif re.fullmatch(r"\d+:\d+:\d+:\d+", str(text)):
+        d, h, m, s = (int(x) for x in str(text).split(":"))
+        seconds = ((d * 24 + h) * 60 + m) * 60 + s
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|sec|secs|seconds?|m|min|mins|minutes?|h|hr|hours?)?\s*", str(text))
+        if not m:
+            raise ValueError(f"budget={text!r}: expected a duration such as 300s, 5min or 1.5h")
+        unit = (m.group(2) or "s")[0]
+        seconds = float(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[unit]
+    if seconds <= 0:
+        raise ValueError(f"budget={text!r} must be positive")
+    return seconds
+
+
+def process_start() -> float:
+    """time.time() when this process started (Linux /proc), so a budget counts the imports too; elsewhere: now."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Fingerprint
+# ---------------------------------------------------------------------------------------------------------------------
+
+GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
+
+
+def _header(path: str) -> tuple[int, int, bool] | None:
+    try:
+        with Image.open(path) as im:
+            gray = im.mode in GRAY_MODES
+            if im.mode == "P" and (pal := im.getpalette()) is not None:
+                rgb = pal[: 3 * 256]
+                gray = all(rgb[i] == rgb[i + 1] == rgb[i + 2] for i in range(0, len(rgb), 3))
+            return im.size[0], im.size[1], gray
+    except Exception:  # unreadable files are the data module's to report, with the reason
+        return None
+
+
+def fingerprint(root: str | Path, val_fraction: float = 0.2, sample: int = 2000, seed: int = 0) -> Fingerprint:
+    """Read a folder laid out as ImageFolderDataModule expects: counts from the listing, sizes and modes from the
+    headers of up to `sample` files, mirror symmetry and decode speed from up to 50 decoded images per class."""
+    if not Path(root).is_dir():
+        raise DataError(f"data.root={str(root)!r} is not a folder")  # the data module's words
+    root = Path(root)
+    split = (root / "train").is_dir() and (root / "val").is_dir()
+    train_dir = root / "train" if split else root
+    try:
+        classes, to_idx = find_classes(str(train_dir))
+    except FileNotFoundError:
+        raise DataError(f"{train_dir}: no class subfolders (expected {train_dir}/<class>/<image>)") from None
+    listed = DatasetFolder.make_dataset(str(train_dir), to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+    if not listed:
+        raise DataError(f"{train_dir}: no images with extensions {IMG_EXTENSIONS}")
+    n_val_files = 0
+    if split:
+        val_classes = [c for c in find_classes(str(root / "val"))[0] if c in to_idx]
+        val_idx = {c: to_idx[c] for c in val_classes}
+        n_val_files = len(DatasetFolder.make_dataset(str(root / "val"), val_idx, extensions=IMG_EXTENSIONS, allow_empty=True))
+    counts = [0] * len(classes)
+    for _, t in listed:
+        counts[t] += 1
+    if split:
+        n_train, n_val = len(listed), n_val_files
+    else:
+        n_val = max(1, round(len(listed) * val_fraction))
+        n_train = len(listed) - n_val
+        counts = [max(1, round(c * (1 - val_fraction))) for c in counts]
+
+    g = torch.Generator().manual_seed(seed)
+    pick = torch.randperm(len(listed), generator=g)[:sample].tolist()
+    headers = [h for h in (_header(listed[i][0]) for i in pick) if h is not None]
+    if not headers:
+        raise DataError(f"{train_dir}: none of {len(pick)} sampled images could be read")
+    sides = sorted(min(w, h) for w, h, _ in headers)
+
+    # Mirror symmetry of the classes and the decode speed: 50 images per class, decoded at 16 px in threads.
+    per_class: dict[int, list[str]] = {}
+    for i in pick:
+        p, t = listed[i]
+        if len(per_class.setdefault(t, [])) < 50:
+            per_class[t].append(p)
+    paths = [p for ps in per_class.values() for p in ps]
+    labels = [t for t, ps in per_class.items() for _ in ps]
+    t0 = time.perf_counter()
+    images, _ = decode_images(paths, 16)
+    per_image = (time.perf_counter() - t0) / max(1, len(paths))
+    return Fingerprint(
+        root=str(root),
+        n_train=n_train,
+        n_val=n_val,
+        class_counts=counts,
+        median_side=int(statistics.median(sides)),
+        min_side=sides[0],
+        max_side=sides[-1],
+        grayscale=sum(gray for *_, gray in headers) / len(headers),
+        mirror_symmetry=mirror_symmetry(images, labels),
+        decode_s=per_image * (n_train + n_val),
+    )
+
+
+def mirror_symmetry(images: list[torch.Tensor | None], labels: list[int]) -> float:
+    """How much the classes look like their own mirror images: the class means minus the overall mean, d_c, against
+    their left-right flips: sum_c <d_c, flip(d_c)> / sum_c |d_c|^2, in [-1, 1]. 1: every class is mirror-symmetric
+    on average (flipping an image keeps it in its class); near 0 or below: the classes have a handedness."""
+    kept = [(img.float().mean(0), t) for img, t in zip(images, labels) if img is not None]
+    if len(kept) < 2:
+        return 1.0
+    x = torch.stack([img for img, _ in kept])  # (N, 16, 16) grey
+    y = torch.tensor([t for _, t in kept])
+    overall = x.mean(0)
+    num = den = 0.0
+    for c in y.unique():
+        d = x[y == c].mean(0) - overall
+        num += float((d * d.flip(-1)).sum())
+        den += float((d * d).sum())
+    return num / den if den > 0 else 1.0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Speed calibration
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def calibrate(
+    archs: list[ViTConfig], batch_size: int, device: str = "cpu", steps: int = 3, warmup: int = 2
+) -> list[float]:
+    """Training images/s of each architecture on this machine: `warmup` + `steps` AdamW steps on a random batch
+    (bf16 autocast on CUDA, as training), the median step. The global RNG is left as it was, so that planning does
+    not change the seeded run that follows."""
+    speeds = []
+    with torch.random.fork_rng(devices=[]):
+        for cfg in archs:
+            model = VisionTransformer(cfg).to(device)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            x = torch.randn(batch_size, cfg.in_chans, cfg.img_size, cfg.img_size, device=device)
+            y = torch.randint(0, max(1, cfg.num_classes), (batch_size,), device=device)
+            times = []
+            for i in range(warmup + steps):
+                t = time.perf_counter()
+                with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                if device == "cuda":
+                    torch.cuda.synchronize()  # calibration only: the training hot path never waits
+                if i >= warmup:
+                    times.append(time.perf_counter() - t)
+            speeds.append(batch_size / statistics.median(times))
+            del model, opt
+    return speeds
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The plan
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def warmup_epochs(epochs: int) -> int:
+    """5% of the epochs (digits.yaml's 3 of 60), at least one (so that FitBudget resizes the run inside warmup), at
+    most 5 (DeiT's)."""
+    return max(1, min(5, round(0.05 * epochs)))
+
+
+def tier(n_train: int) -> tuple:
+    return next(t for t in TIERS if n_train <= t[0])
+
+
+def resolution(median_side: int, device: str = "cpu") -> tuple[int, int]:
+    """(img_size, patch_size): the listed side at or above the median short side (up to 128); a 4x4 grid of tokens up
+    to 32 px on a CPU, else 8x8 (a GPU affords CIFAR's usual patch 4 at 32 px: not measured here, no GPU)."""
+    side = next((s for s in SIDES if s >= median_side), SIDES[-1])
+    grid = 4 if side <= 32 and device == "cpu" else 8
+    return side, side // grid
+
+
+def make_plan(
+    fp: Fingerprint,
+    machine: Machine,
+    budget_s: float | None = None,
+    elapsed_s: float = 0.0,
+    speed_fn=None,
+) -> Plan:
+    """The recipe for `fp` on `machine`. With `budget_s` (wall seconds from process start to exit, of which
+    `elapsed_s` are spent), the largest allowed model that still trains MIN epochs, and as many epochs as fit (at most
+    the tier's wanted epochs x 2); without, the tier's model and epochs. `speed_fn(archs, batch)` -> images/s
+    (default: `calibrate` on this machine; tests pass a fake)."""
+    max_n, max_model, batch, want, min_epochs, crop_scale, trivial, erasing, mixup = tier(fp.n_train)
+    if machine.device == "cuda" and fp.n_train > 30_000:
+        batch = max(batch, 256)  # a GPU wants bigger batches; under 30k images they would leave too few steps
+    batch = max(1, min(batch, fp.n_train // 8))  # at least 8 steps per epoch on tiny data
+    img_size, patch = resolution(fp.median_side, machine.device)
+    hflip = fp.mirror_symmetry >= FLIP_SYMMETRY
+    archs = [
+        ViTConfig(
+            img_size=img_size,
+            patch_size=patch,
+            in_chans=3,
+            num_classes=fp.num_classes,
+            embed_dim=w,
+            depth=d,
+            num_heads=h,
+        )
+        for w, d, h in MODELS[: max_model + 1]
+    ]
+    speed_fn = speed_fn or (lambda a, b: calibrate(a, b, machine.device))
+    t0 = time.perf_counter()
+    speeds = speed_fn(archs, batch)
+    elapsed_s += time.perf_counter() - t0
+
+    def epoch_seconds(speed: float) -> float:
+        # training at the timed speed plus overhead; validation forward-only, ~3x faster than a training step
+        return (fp.n_train / speed) * EPOCH_OVERHEAD + fp.n_val / (3 * speed)
+
+    spare = None
+    if budget_s is not None:
+        spare = budget_s - elapsed_s - fp.decode_s - FIXED_S
+        need = budget_s - spare + 2 * epoch_seconds(speeds[0])
+        if spare < 2 * epoch_seconds(speeds[0]):  # less than two epochs of the smallest model: no real schedule
+            raise ValueError(
+                f"budget={budget_s:.0f}s is too short for {fp.root}: start-up and decoding take ~{budget_s - spare:.0f} s "
+                f"and an epoch of the smallest model ~{epoch_seconds(speeds[0]):.0f} s; give at least {math.ceil(need)}s"
+            )
+        choice = 0
+        for i in reversed(range(len(archs))):
+            if spare / epoch_seconds(speeds[i]) >= min_epochs:
+                choice = i
+                break
+        epochs = int(max(1, min(2 * want, spare // epoch_seconds(speeds[choice]))))
+        why_model = f"largest of {len(archs)} candidates with >= {min_epochs} epochs in the budget"
+        why_epochs = f"as many as fit in the {budget_s:.0f} s budget (at most {2 * want})"
+    else:
+        choice, epochs = max_model, want
+        why_model = f"largest candidate for {fp.n_train} training images"
+        why_epochs = f"wanted for {fp.n_train} images (no --budget)"
+    w, d, h = MODELS[choice]
+    epoch_s = epoch_seconds(speeds[choice])
+    warmup = warmup_epochs(epochs)
+    drop_path = 0.05 if d <= 4 else 0.1
+    every = max(1, epochs // 5)  # attention maps five times a run: they cost a forward and a backward each time
+
+    overrides = {
+        "data.init_args.img_size": img_size,
+        "data.init_args.batch_size": batch,
+        "data.init_args.eval_batch_size": max(batch, 256),
+        "data.init_args.hflip": hflip,
+        "data.init_args.crop_scale": list(crop_scale),
+        "data.init_args.auto_augment": "trivialaugment" if trivial and fp.grayscale < 0.5 else "none",
+        "data.init_args.random_erasing": erasing,
+        "model.arch.patch_size": patch,
+        "model.arch.embed_dim": w,
+        "model.arch.depth": d,
+        "model.arch.num_heads": h,
+        "model.arch.drop_path_rate": drop_path,
+        "model.lr": LR,
+        "model.weight_decay": WEIGHT_DECAY,
+        "model.warmup_epochs": warmup,
+        "model.label_smoothing": LABEL_SMOOTHING,
+        "model.mixup_alpha": 0.8 if mixup else 0.0,
+        "model.cutmix_alpha": 1.0 if mixup else 0.0,
+        "trainer.max_epochs": epochs,
+        "attention_maps.every_n_epochs": every,
+    }
+    speed_text = ", ".join(f"{a.embed_dim}x{a.depth}: {s:.0f}" for a, s in zip(archs, speeds))
+    gray = "grayscale" if fp.grayscale >= 0.5 else "colour"
+    rows = [
+        ("data", f"{fp.n_train} train / {fp.n_val} val, {fp.num_classes} classes", f"class balance {fp.balance:.2f}"),
+        ("image sides", f"median {fp.median_side} px", f"{fp.min_side}-{fp.max_side} px, {gray}"),
+        ("mirror symmetry", f"{fp.mirror_symmetry:.2f}", f"flips when >= {FLIP_SYMMETRY}"),
+        ("machine", str(machine), f"decode ~{fp.decode_s:.0f} s"),
+        ("speed (img/s)", speed_text, f"training steps at batch {batch}"),
+        ("img_size, patch", f"{img_size}, {patch}", f"{(img_size // patch) ** 2} tokens"),
+        ("model", f"{w} wide, {d} blocks, {h} heads", why_model),
+        ("epochs", str(epochs), why_epochs + f"; ~{epoch_s:.1f} s each"),
+        ("batch, lr, warmup", f"{batch}, {LR:g}, {warmup} ep", "AdamW, cosine to 1% after warmup"),
+        (
+            "augmentation",
+            f"crop {crop_scale[0]:g}-1, flip {'on' if hflip else 'off'}, {overrides['data.init_args.auto_augment']}"
+            + (f", erasing {erasing:g}" if erasing else "")
+            + (", mixup/cutmix" if mixup else ""),
+            f"for {fp.n_train} images",
+        ),
+        ("regularisation", f"label smoothing {LABEL_SMOOTHING}, drop path {drop_path}, wd {WEIGHT_DECAY}", ""),
+    ]
+    estimate = elapsed_s + fp.decode_s + FIXED_S + epochs * epoch_s
+    rows.append(("estimate", f"{estimate:.0f} s wall", "start to exit" + (f", budget {budget_s:.0f} s" if budget_s else "")))
+    return Plan(overrides=overrides, rows=rows, estimate_s=estimate, epoch_s=epoch_s, cap=2 * want)

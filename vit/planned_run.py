@@ -1,0 +1,161 @@
+"""A planned training run: vit/plan.py's recipe applied to the parsed config, kept inside its time budget, and saved.
+
+    vit-train fit --data.root PATH                   # configs/folder.yaml: plan: true
+    vit-train fit --data.root PATH --budget 5min     # model and epochs chosen to finish in 5 minutes, start to exit
+
+vit/cli.py calls `apply_plan` before anything is built (the folder is decoded once, at the planned size), adds the
+`FitBudget` callback, and writes <run>/plan.yaml: the complete config, `plan: false`, so that
+`vit-train fit --config <run>/plan.yaml` trains the same run again without planning.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import lightning as L
+import yaml
+from lightning.pytorch.utilities import rank_zero_info
+
+from vit.module import schedule_warmup, warmup_cosine
+from vit.plan import FIXED_S, Machine, Plan, fingerprint, make_plan, parse_budget, process_start, warmup_epochs
+
+FOLDER_CLASS = "vit.data.ImageFolderDataModule"
+RESERVE = 0.05  # of the remaining budget, kept free when FitBudget resizes the run
+
+
+def _flatten(tree, prefix: str = "") -> set[str]:
+    if not isinstance(tree, dict) or not tree:
+        return {prefix} if prefix else set()
+    keys = set()
+    for k, v in tree.items():
+        keys |= _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+    return keys
+
+
+def _canonical(key: str) -> str:
+    """`data.root` and `data.init_args.root` name the same field (subclass mode accepts both)."""
+    parts = key.split(".")
+    if parts[0] == "data" and len(parts) > 1 and parts[1] not in ("init_args", "class_path"):
+        parts.insert(1, "init_args")
+    return ".".join(parts)
+
+
+def explicit_keys(argv: Sequence[str], config_paths: Sequence[str | Path]) -> set[str]:
+    """Every config key the user set: in a `--config` file or as a `--key value` flag. These win over the plan."""
+    keys: set[str] = set()
+    for path in config_paths:
+        try:
+            keys |= _flatten(yaml.safe_load(Path(path).read_text()) or {})
+        except (OSError, yaml.YAMLError):
+            continue  # jsonargparse has parsed (or reported) it already
+    for a in argv:
+        if a.startswith("--") and a != "--config" and not a.startswith("--config="):
+            keys.add(a[2:].split("=", 1)[0].rstrip("+"))
+    return {_canonical(k) for k in keys}
+
+
+def is_explicit(key: str, explicit: set[str]) -> bool:
+    parts = key.split(".")
+    return any(".".join(parts[:i]) in explicit for i in range(1, len(parts) + 1))
+
+
+def apply_plan(config, argv: Sequence[str], clock: Callable[[], float] = time.time) -> tuple[Plan, float | None] | None:
+    """Plan when `config.plan` or `--budget` asks for it: fingerprint the folder, calibrate, write the plan's values
+    into `config` (a jsonargparse Namespace of `fit`) wherever the user did not set the key. Returns (the plan, the
+    deadline as a `clock` time) or None when not planning. Raises ValueError with one line when it cannot plan."""
+    budget = parse_budget(config.get("budget"))
+    max_time = config.trainer.get("max_time")
+    if not config.get("plan") and budget is None:
+        return None
+    if config.data.get("class_path") != FOLDER_CLASS:
+        raise ValueError(
+            f"--budget and plan: true plan a recipe for a folder of images (--data.root PATH), not for "
+            f"{config.data.get('class_path')}, whose config has a fixed recipe: set --trainer.max_epochs instead"
+        )
+    if budget is None and max_time is not None:
+        budget = parse_budget(max_time)  # the plan fits the whole schedule in it instead of cutting it short
+    if budget is not None:
+        config.trainer.max_time = None
+    start = process_start()
+    init = config.data.init_args
+    fp = fingerprint(init.root, val_fraction=init.get("val_fraction", 0.2))
+    explicit = explicit_keys(argv, [str(p) for p in (config.get("config") or [])])
+    plan = make_plan(fp, Machine.here(), budget_s=budget, elapsed_s=clock() - start)
+    yours = []
+    for key, value in plan.overrides.items():
+        if is_explicit(key, explicit):
+            yours.append(f"{key}={config.get(key)}")
+        else:
+            config[key] = tuple(value) if isinstance(value, list) else value
+    if is_explicit("trainer.max_epochs", explicit) and not is_explicit("model.warmup_epochs", explicit):
+        config.model.warmup_epochs = warmup_epochs(config.trainer.max_epochs or 1)  # 5% of your epochs
+    if yours:
+        plan.rows.append(("yours (wins)", ", ".join(yours), "set in a config or on the command line"))
+    rank_zero_info(f"plan for {fp.root}:\n{plan.table()}")
+    deadline = start + budget if budget is not None else None
+    return plan, deadline
+
+
+def plan_yaml(parser, config, max_epochs: int, plan: Plan) -> str:
+    """The complete config of this run with the plan's choices written in, `plan: false` and no budget: training
+    from it repeats the run without planning."""
+    cfg = config.clone()
+    cfg.plan, cfg.budget = False, None
+    cfg.trainer.max_epochs = max_epochs
+    if "config" in cfg:
+        del cfg["config"]
+    header = "# Planned by vit/plan.py; `vit-train fit --config THIS_FILE` repeats the run without planning.\n"
+    header += "".join(f"# {line}\n" for line in plan.table().splitlines())
+    return header + parser.dump(cfg, skip_none=False)
+
+
+class FitBudget(L.Callback):
+    """Keeps a planned run inside its budget. The plan's epoch time comes from a few timed model steps; at the start of
+    the second epoch the real cost of one (training, validation, checkpoints) is known, and max_epochs and the cosine
+    schedule with it are set to what fits before the deadline. The first epoch is all warmup (the plan's warmup is
+    at least one epoch), and warmup does not depend on the total, so the run is the same as one planned with the new
+    epoch count from the start (plan.yaml is rewritten with it). The schedule still completes."""
+
+    def __init__(
+        self,
+        deadline: float,
+        cap: int,
+        on_change: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        teardown_s: float = FIXED_S / 2,
+    ):
+        self.deadline, self.cap, self.on_change, self.clock, self.teardown_s = deadline, cap, on_change, clock, teardown_s
+        self._epoch0: float | None = None
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        now = self.clock()
+        if trainer.current_epoch == 0:
+            self._epoch0 = now
+        elif trainer.current_epoch == 1 and self._epoch0 is not None:
+            epoch_s = now - self._epoch0
+            # 5% of what is left in reserve: a shared machine's speed drifts (an MNIST run measured 5.6 s after
+            # epoch 0 and averaged 6.1 s over 49 epochs: 10% over a 5-minute budget without the reserve)
+            spare = (self.deadline - now - self.teardown_s) * (1 - RESERVE)
+            fit = 1 + int(spare // epoch_s)
+            self.resize(trainer, pl_module, max(2, min(self.cap, fit)), epoch_s)
+
+    def resize(self, trainer, pl_module, epochs: int, epoch_s: float) -> None:
+        old = trainer.max_epochs
+        if epochs == old:
+            return
+        steps_per_epoch = trainer.estimated_stepping_batches / old
+        total = max(1, round(steps_per_epoch * epochs))
+        hp = pl_module.hparams
+        warmup = schedule_warmup(hp.warmup_epochs, steps_per_epoch, total, epochs)
+        trainer.fit_loop.max_epochs = epochs
+        for cfg in trainer.lr_scheduler_configs:
+            lams = cfg.scheduler.lr_lambdas  # one per parameter group
+            cfg.scheduler.lr_lambdas = [warmup_cosine(warmup, total, hp.min_lr_ratio)] * len(lams)
+        rank_zero_info(
+            f"budget: an epoch takes {epoch_s:.1f} s here, so {epochs} epochs instead of {old} finish in time; "
+            "the cosine schedule is resized with them"
+        )
+        if self.on_change is not None:
+            self.on_change(epochs)
