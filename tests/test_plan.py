@@ -20,7 +20,9 @@ CPU2, GPU = Machine("cpu", 2), Machine("cuda", 16, "H200", 139.0)
 
 def fp(n_train, n_val=None, classes=10, side=28, symmetry=0.3, gray=1.0, decode_s=5.0):
     n_val = n_train // 4 if n_val is None else n_val
-    return Fingerprint("data", n_train, n_val, [n_train // classes] * classes, side, side, side, gray, symmetry, decode_s)
+    return Fingerprint(
+        "data", n_train, n_val, [n_train // classes] * classes, side, side, side, gray, symmetry, decode_s
+    )
 
 
 def speeds_like_2_cores(archs, batch):
@@ -114,6 +116,7 @@ class FakeTrainer:
 
     def __init__(self, max_epochs, module):
         self.fit_loop = SimpleNamespace(max_epochs=max_epochs)
+        self.strategy = SimpleNamespace(broadcast=lambda obj, src=0: obj)  # one process
         self.current_epoch = 0
         opt = torch.optim.AdamW([{"params": [torch.zeros(1)]}, {"params": [torch.zeros(1)]}])
         from vit.module import warmup_cosine
@@ -182,7 +185,9 @@ def test_a_folder_run_plans_yours_win_and_plan_yaml_repeats_it(digits_folder, in
     assert cli.model.hparams.label_smoothing == 0.1 and cli.datamodule.rrc_scale == (0.8, 1.0)
     plan_file = in_tmp / "logs" / "folder" / "version_0" / "plan.yaml"
     saved = yaml.safe_load(plan_file.read_text())
-    assert saved["plan"] is False and saved["budget"] is None and saved["model"]["arch"]["embed_dim"] == arch["embed_dim"]
+    assert (
+        saved["plan"] is False and saved["budget"] is None and saved["model"]["arch"]["embed_dim"] == arch["embed_dim"]
+    )
     first = _state(in_tmp / "checkpoints" / "folder" / "version_0" / "last.ckpt")
 
     again = train.main(["fit", "--config", str(plan_file), "--trainer.enable_progress_bar", "false"])
@@ -213,9 +218,47 @@ def test_a_budget_resizes_the_run_and_rewrites_plan_yaml(digits_folder, in_tmp, 
         original(self, trainer, pl_module, epochs, epoch_s)
 
     monkeypatch.setattr(pr.FitBudget, "resize", resize)
-    cli = train.main(["fit", "--data.root", str(digits_folder), "--budget", "2h", "--trainer.enable_progress_bar", "false",
-                      "--model.arch.depth", "1", "--model.arch.embed_dim", "32", "--model.arch.num_heads", "2"])
+    cli = train.main(
+        [
+            "fit",
+            "--data.root",
+            str(digits_folder),
+            "--budget",
+            "2h",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--model.arch.depth",
+            "1",
+            "--model.arch.embed_dim",
+            "32",
+            "--model.arch.num_heads",
+            "2",
+        ]
+    )
     assert resized == [3] and cli.trainer.current_epoch == 3
     saved = yaml.safe_load((in_tmp / "logs" / "folder" / "version_0" / "plan.yaml").read_text())
     assert saved["trainer"]["max_epochs"] == 3 and saved["trainer"]["max_time"] is None
     assert math.isclose(cli.trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[0], 0.002 * 0.01, rel_tol=1e-6)
+
+
+def test_max_time_is_taken_as_the_budget_instead_of_a_cut(digits_folder, in_tmp, caplog):
+    import logging
+
+    tiny = ["--model.arch.depth", "1", "--model.arch.embed_dim", "32", "--model.arch.num_heads", "2"]
+    with caplog.at_level(logging.INFO):
+        cli = train.main(
+            [
+                "fit",
+                "--data.root",
+                str(digits_folder),
+                "--trainer.max_time",
+                "00:01:00:00",
+                "--trainer.max_epochs",
+                "1",
+                "--trainer.enable_progress_bar",
+                "false",
+                *tiny,
+            ]
+        )
+    assert not any(type(cb).__name__ == "Timer" for cb in cli.trainer.callbacks)  # no cut mid-schedule
+    assert "budget 3600 s" in caplog.text and "plan for" in caplog.text

@@ -31,7 +31,7 @@ from torchvision.datasets import DatasetFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
 from vit.data import DataError, decode_images
-from vit.model import ViTConfig, VisionTransformer
+from vit.model import VisionTransformer, ViTConfig
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The rule table. Each line: the rule, then the measurement behind it (docs/recipes.md has the sweeps).
@@ -45,6 +45,7 @@ MODELS = [(64, 3, 2), (96, 4, 3), (128, 6, 4), (192, 6, 3), (256, 8, 4)]
 # training, crop scale, TrivialAugment, Random Erasing, Mixup/CutMix). Small data: little augmentation, many epochs
 # (the 1,437 digits: 98% with crop+flip-free translation at 60 epochs, 62% with folder.yaml's photo augmentation);
 # large data: timm/DeiT's regularisation. See docs/recipes.md, "data size".
+# fmt: off
 TIERS = [
     # n       model batch want  min  crop_scale   trivialaug erasing mixup
     (3_000,   1,    64,   60,   20,  (0.8, 1.0),  False,     0.0,    False),
@@ -52,6 +53,7 @@ TIERS = [
     (200_000, 3,    128,  40,   10,  (0.35, 1.0), True,      0.25,   False),
     (math.inf, 4,   256,  30,   8,   (0.35, 1.0), True,      0.25,   True),
 ]
+# fmt: on
 
 # Training resolution: the image side nearest above the median short side among these (never upsampling more than
 # one step, never below 16 px), with a 4x4 token grid up to 32 px and 8x8 above: 16 tokens keep a CPU epoch of
@@ -200,7 +202,9 @@ def fingerprint(root: str | Path, val_fraction: float = 0.2, sample: int = 2000,
     if split:
         val_classes = [c for c in find_classes(str(root / "val"))[0] if c in to_idx]
         val_idx = {c: to_idx[c] for c in val_classes}
-        n_val_files = len(DatasetFolder.make_dataset(str(root / "val"), val_idx, extensions=IMG_EXTENSIONS, allow_empty=True))
+        n_val_files = len(
+            DatasetFolder.make_dataset(str(root / "val"), val_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+        )
     counts = [0] * len(classes)
     for _, t in listed:
         counts[t] += 1
@@ -363,8 +367,9 @@ def make_plan(
         need = budget_s - spare + 2 * epoch_seconds(speeds[0])
         if spare < 2 * epoch_seconds(speeds[0]):  # less than two epochs of the smallest model: no real schedule
             raise ValueError(
-                f"budget={budget_s:.0f}s is too short for {fp.root}: start-up and decoding take ~{budget_s - spare:.0f} s "
-                f"and an epoch of the smallest model ~{epoch_seconds(speeds[0]):.0f} s; give at least {math.ceil(need)}s"
+                f"budget={budget_s:.0f}s is too short for {fp.root}: start-up and decoding take "
+                f"~{budget_s - spare:.0f} s and an epoch of the smallest model ~{epoch_seconds(speeds[0]):.0f} s; "
+                f"give at least {math.ceil(need)}s"
             )
         choice = 0
         for i in reversed(range(len(archs))):
@@ -428,5 +433,7 @@ def make_plan(
         ("regularisation", f"label smoothing {LABEL_SMOOTHING}, drop path {drop_path}, wd {WEIGHT_DECAY}", ""),
     ]
     estimate = elapsed_s + fp.decode_s + FIXED_S + epochs * epoch_s
-    rows.append(("estimate", f"{estimate:.0f} s wall", "start to exit" + (f", budget {budget_s:.0f} s" if budget_s else "")))
+    rows.append(
+        ("estimate", f"{estimate:.0f} s wall", "start to exit" + (f", budget {budget_s:.0f} s" if budget_s else ""))
+    )
     return Plan(overrides=overrides, rows=rows, estimate_s=estimate, epoch_s=epoch_s, cap=2 * want)

@@ -126,7 +126,13 @@ class FitBudget(L.Callback):
         clock: Callable[[], float] = time.time,
         teardown_s: float = FIXED_S / 2,
     ):
-        self.deadline, self.cap, self.on_change, self.clock, self.teardown_s = deadline, cap, on_change, clock, teardown_s
+        self.deadline, self.cap, self.on_change, self.clock, self.teardown_s = (
+            deadline,
+            cap,
+            on_change,
+            clock,
+            teardown_s,
+        )
         self._epoch0: float | None = None
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
@@ -139,7 +145,9 @@ class FitBudget(L.Callback):
             # epoch 0 and averaged 6.1 s over 49 epochs: 10% over a 5-minute budget without the reserve)
             spare = (self.deadline - now - self.teardown_s) * (1 - RESERVE)
             fit = 1 + int(spare // epoch_s)
-            self.resize(trainer, pl_module, max(2, min(self.cap, fit)), epoch_s)
+            # every rank of a DDP run must stop after the same epoch: rank 0's clock decides
+            epochs = trainer.strategy.broadcast(max(2, min(self.cap, fit)), src=0)
+            self.resize(trainer, pl_module, epochs, epoch_s)
 
     def resize(self, trainer, pl_module, epochs: int, epoch_s: float) -> None:
         old = trainer.max_epochs
