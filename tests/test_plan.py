@@ -142,7 +142,7 @@ def test_the_budget_correction_after_one_epoch_ends_the_run_on_time(real_epoch_s
     module = SimpleNamespace(hparams=SimpleNamespace(warmup_epochs=1, min_lr_ratio=0.01))
     trainer = FakeTrainer(20, module)
     cb = FitBudget(deadline=110.0, cap=100, on_change=saved.append, clock=lambda: now[0], teardown_s=0.0)
-    # planned: 20 epochs of 5 s after 10 s; the 5% reserve makes a 5-s epoch plan 19
+    # planned: 20 epochs of 5 s after 10 s; the 10% reserve makes a 5-s epoch plan 18
     cb.on_train_epoch_start(trainer, module)
     now[0] += real_epoch_s
     trainer.current_epoch = 1
