@@ -22,9 +22,8 @@ from vit.module import schedule_warmup, warmup_cosine
 from vit.plan import FIXED_S, Machine, Plan, fingerprint, make_plan, parse_budget, process_start, warmup_epochs
 
 FOLDER_CLASS = "vit.data.ImageFolderDataModule"
-# Of the remaining budget, kept free when FitBudget resizes the run: a timed epoch leaves out the attention maps
-# (five times a run) and the drift of a shared machine. With 5%, runs on the digits folder ended 9% over a 3-minute
-# budget (197 s) and on MNIST up to 11% over 5 minutes (332 s, before the second epoch was timed instead of the first).
+# Of the remaining budget, kept free when FitBudget resizes the run: timed epochs leave out the attention maps (five
+# times a run) and the drift of a shared machine. With 5% and one timed epoch, runs ended 7-11% over 3 and 5 minutes.
 RESERVE = 0.10
 
 
@@ -115,12 +114,13 @@ def plan_yaml(parser, config, max_epochs: int, plan: Plan) -> str:
 
 
 class FitBudget(L.Callback):
-    """Keeps a planned run inside its budget. The plan's epoch time comes from a few timed model steps; once a real
-    epoch (training, validation, checkpoints) has been timed, max_epochs and the cosine schedule with it are set to
-    what fits before the deadline. It times the second epoch when warmup lasts two or more (the first carries one-time
-    costs: a 64x3 MNIST run timed 4.0 s for it and then averaged 3.5 s, ending 20% early), else the first. Either way
-    the resize happens inside warmup, which does not depend on the total, so the run is the same as one planned with
-    the new epoch count from the start (plan.yaml is rewritten with it), and the schedule still completes."""
+    """Keeps a planned run inside its budget. The plan's epoch time comes from a few timed model steps; once real
+    epochs (training, validation, checkpoints) have been timed, max_epochs and the cosine schedule with it are set to
+    what fits before the deadline. It times the first two epochs when warmup lasts two or more (their mean: on this
+    shared 2-core machine single MNIST epochs ranged 4.5-8.0 s around a 5.9 s mean, and the first carries one-time
+    costs), else the first. Either way the resize happens inside warmup, which does not depend on the total, so the
+    run is the same as one planned with the new epoch count from the start (plan.yaml is rewritten with it), and the
+    schedule still completes."""
 
     def __init__(
         self,
@@ -132,19 +132,20 @@ class FitBudget(L.Callback):
     ):
         self.deadline, self.cap, self.on_change, self.clock = deadline, cap, on_change, clock
         self.teardown_s = teardown_s
-        self._last: tuple[int, float] | None = None  # (epoch, when it started)
+        self._start: float | None = None  # when epoch 0 started
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         now, epoch = self.clock(), trainer.current_epoch
+        if epoch == 0:
+            self._start = now
         at = max(1, min(2, int(pl_module.hparams.warmup_epochs)))  # the epoch whose start ends the timing
-        if epoch == at and self._last is not None and self._last[0] == at - 1:
-            epoch_s = now - self._last[1]
+        if epoch == at and self._start is not None:
+            epoch_s = (now - self._start) / at
             spare = (self.deadline - now - self.teardown_s) * (1 - RESERVE)
             fit = at + int(spare // epoch_s)
             # every rank of a DDP run must stop after the same epoch: rank 0's clock decides
             epochs = trainer.strategy.broadcast(max(at + 1, min(self.cap, fit)), src=0)
             self.resize(trainer, pl_module, epochs, epoch_s)
-        self._last = (epoch, now)
 
     def resize(self, trainer, pl_module, epochs: int, epoch_s: float) -> None:
         old = trainer.max_epochs
