@@ -203,6 +203,8 @@ def test_budget_on_a_fixed_recipe_or_a_bad_budget_is_one_line(in_tmp, digits_fol
         train.main(["fit", "--config", "configs/digits.yaml", "--budget", "1min"])
     with pytest.raises(SystemExit, match=r"error: budget='soon': expected a duration such as 300s, 5min or 1.5h"):
         train.main(["fit", "--data.root", str(digits_folder), "--budget", "soon"])
+    with pytest.raises(SystemExit, match=r"error: ckpt_path=last: resume a planned run from its saved plan"):
+        train.main(["fit", "--data.root", str(digits_folder), "--ckpt_path", "last"])
 
 
 def test_a_budget_resizes_the_run_and_rewrites_plan_yaml(digits_folder, in_tmp, monkeypatch):

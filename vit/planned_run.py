@@ -71,6 +71,11 @@ def apply_plan(config, argv: Sequence[str], clock: Callable[[], float] = time.ti
     max_time = config.trainer.get("max_time")
     if not config.get("plan") and budget is None:
         return None
+    if config.get("ckpt_path"):  # a new plan could choose another model than the checkpoint's
+        raise ValueError(
+            f"ckpt_path={config.ckpt_path}: resume a planned run from its saved plan, not a new one: "
+            "vit-train fit --config logs/<run>/version_<n>/plan.yaml --ckpt_path ..."
+        )
     if config.data.get("class_path") != FOLDER_CLASS:
         raise ValueError(
             f"--budget and plan: true plan a recipe for a folder of images (--data.root PATH), not for "
