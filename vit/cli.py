@@ -2,7 +2,7 @@
 
     vit-train                                   # fit configs/cifar10.yaml (CIFAR-10 from data/, downloaded if it can)
     vit-train --config configs/digits.yaml      # `fit` is the default subcommand
-    vit-train fit --config configs/folder.yaml --data.root path/to/images
+    vit-train fit --data.root path/to/images --budget 10min   # a folder: the recipe is planned (vit/plan.py)
     vit-train validate --config configs/digits.yaml --ckpt_path checkpoints/digits/version_0/last.ckpt
 
 A `--config configs/NAME.yaml` that does not exist where you run it is taken from the configs shipped with the package,
