@@ -203,17 +203,17 @@ def test_a_batch_draws_per_image_not_per_batch():
 
 
 @pytest.mark.parametrize("policy", ["autoaugment_cifar10", "randaugment", "trivialaugment"])
-def test_the_subset_path_equals_the_masked_path(policy):
-    """CPU runs each stage on its own images, GPU on the whole batch with masks: the same function."""
+def test_the_sorted_path_equals_the_masked_path(policy):
+    """CPU runs each pass on its slice of the sorted batch, GPU on the whole batch with masks: the same function."""
     x = _images(B=64, seed=3)
     op, mag = A.BatchAutoAugment(policy).sample(64, 32, 32, torch.Generator().manual_seed(5))
     for s in range(op.shape[1]):
-        a = A.apply_ops(x, op[:, s], mag[:, s], subset=True)
-        b = A.apply_ops(x, op[:, s], mag[:, s], subset=False)
+        a = A.apply_ops(x, op[:, s], mag[:, s], sort=True)
+        b = A.apply_ops(x, op[:, s], mag[:, s], sort=False)
         assert torch.equal(a, b)
         x = a
 
 
 def test_an_empty_stage_is_fine():
     x = _images(B=4)
-    assert torch.equal(A.apply_ops(x, torch.zeros(4, dtype=torch.long), torch.zeros(4), subset=True), x)
+    assert torch.equal(A.apply_ops(x, torch.zeros(4, dtype=torch.long), torch.zeros(4), sort=True), x)

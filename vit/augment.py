@@ -5,13 +5,15 @@ image by image; kornia's batched policies draw the operation once per batch (see
 draws its own, as torchvision draws them (the policy tables are read from torchvision's classes), and the batch is
 transformed with a fixed number of tensor operations, whatever its size and whatever was drawn:
 
-- one "slot" of a policy gives each image exactly one operation (Identity when a sub-policy's coin says no);
-- a slot runs three stages, each leaving the images whose operation is not its own unchanged: geometry (ShearX/Y,
-  TranslateX/Y, Rotate) as one affine grid_sample with a matrix per image; pointwise operations (Posterize, Solarize,
-  Invert, AutoContrast, Equalize, Brightness, Contrast) as one gather from a 256-entry lookup table per image and
-  channel; blends (Color, Sharpness) as one blend with a degenerate image and factor per image.
-- on GPU each stage runs on the whole batch with masks: no data-dependent shapes, no host reads, nothing waits for
-  the device; on CPU each stage runs on its own images only (see apply_ops).
+- a policy is a finite table of "entries" (operation, signed magnitude), built once per image size with everything
+  an entry needs precomputed: its affine grid matrix (ShearX/Y, TranslateX/Y, Rotate), its 256-value lookup table
+  (Posterize, Solarize, Invert, Brightness) or its blend factor (Contrast, Color, Sharpness); AutoContrast and
+  Equalize depend on the image and are computed from it. Drawing an operation is drawing an entry index.
+- one "slot" of a policy gives each image exactly one entry (Identity when a sub-policy's coin says no); the images
+  of each kind of operation (KINDS) go through one kernel: one grid_sample, one gather from lookup tables, one
+  histogram, one blend.
+- on GPU every kernel runs on the whole batch and a mask picks each image's result: no data-dependent shapes, no
+  host reads. On CPU the batch is sorted by kind and each kernel runs on its own slice (see apply_entries).
 
 Each operation is tested against torchvision's functional on the same image and parameters, and the drawn operations
 and magnitudes against torchvision's own draws (tests/test_augment.py).
@@ -22,8 +24,8 @@ and magnitudes against torchvision's own draws (tests/test_augment.py).
     x = random_erasing(x_float, 0.25, generator)      # after Normalize, value 0
 """
 
-import functools
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -47,20 +49,30 @@ OPS = (
     "Invert",
 )
 OP = {name: i for i, name in enumerate(OPS)}
-GEOMETRIC = [OP[n] for n in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")]
-POINTWISE = [OP[n] for n in ("Posterize", "Solarize", "AutoContrast", "Equalize", "Invert")]
-POINTWISE_ALL = POINTWISE + [OP["Brightness"], OP["Contrast"]]  # as lookup tables (pointwise())
-BLENDS = [OP[n] for n in ("Color", "Sharpness")]
+# How each operation is computed: one kernel per kind (below), each image's parameters from its entry.
+KINDS = ("Identity", "Geometric", "Lookup", "AutoContrast", "Equalize", "Contrast", "Color", "Sharpness")
+KIND_OF = {
+    **dict.fromkeys(("Identity",), 0),
+    **dict.fromkeys(("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"), 1),
+    **dict.fromkeys(("Posterize", "Solarize", "Invert", "Brightness"), 2),
+    **{name: KINDS.index(name) for name in KINDS[3:]},
+}
 POLICIES = ("randaugment", "trivialaugment", "autoaugment_imagenet", "autoaugment_cifar10", "autoaugment_svhn")
 
 
-def _isin(op: torch.Tensor, ids: list[int]) -> torch.Tensor:
-    return torch.isin(op, torch.tensor(ids, device=op.device))
+class Entries(NamedTuple):
+    """Operations with their magnitudes and precomputed parameters, (E,) each: a policy's table, or one per image."""
+
+    op: torch.Tensor  # (E,) ids of OPS
+    mag: torch.Tensor  # (E,) float, signed
+    kind: torch.Tensor  # (E,) ids of KINDS
+    theta: torch.Tensor  # (E, 3, 2) pixel-centre coordinates -> normalised sampling grid (identity if not geometric)
+    lut: torch.Tensor  # (E, 256) uint8 lookup table (identity if not a Lookup)
 
 
 def _inverse_affine(angle, tx, ty, shear_x, shear_y, cx, cy) -> torch.Tensor:
     """torchvision's `_get_inverse_affine_matrix` (scale 1) for a batch of parameters, in float64 as torchvision
-    computes it in Python floats: (B,) each, degrees and pixels -> (B, 2, 3)."""
+    computes it in Python floats: (E,) each, degrees and pixels -> (E, 2, 3)."""
     rot, sx, sy = torch.deg2rad(angle), torch.deg2rad(shear_x), torch.deg2rad(shear_y)
     a = torch.cos(rot - sy) / torch.cos(sy)
     b = -(a * torch.tan(sx) + torch.sin(rot))
@@ -72,23 +84,13 @@ def _inverse_affine(angle, tx, ty, shear_x, shear_y, cx, cy) -> torch.Tensor:
     return torch.stack([m0, m1, m2, m3, m4, m5], dim=-1).view(-1, 2, 3)
 
 
-@functools.lru_cache(maxsize=16)
-def _base_grid(H: int, W: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """torchvision's _affine_grid base: pixel centres relative to the image centre, (1, H*W, 3), and half the size by
-    which the transformed grid is normalised."""
-    xs = torch.linspace((1.0 - W) * 0.5, (W - 1.0) * 0.5, W, device=device)
-    ys = torch.linspace((1.0 - H) * 0.5, (H - 1.0) * 0.5, H, device=device)
-    base = torch.stack([xs.expand(H, W), ys[:, None].expand(H, W), torch.ones(H, W, device=device)], dim=-1)
-    return base.view(1, H * W, 3), torch.tensor([0.5 * W, 0.5 * H], device=device)
-
-
-def geometric(x: torch.Tensor, op: torch.Tensor, mag: torch.Tensor) -> torch.Tensor:
-    """ShearX/Y, TranslateX/Y and Rotate of torchvision's policies (nearest, fill 0), each image its own operation
-    and magnitude; other images unchanged. x (B, C, H, W) uint8; op (B,) ids of OPS; mag (B,) float."""
-    B, C, H, W = x.shape
+def entries(op: torch.Tensor, mag: torch.Tensor, H: int, W: int) -> Entries:
+    """The parameters of operations `op` with signed magnitudes `mag` (E,) on H x W images, by torchvision's
+    formulas: the affine matrix of `_get_inverse_affine_matrix` (nearest, fill 0), the lookup tables of its float
+    formulas on the 256 values (truncated to uint8 as its `.to(uint8)`)."""
     m = mag.double()
     zero = torch.zeros_like(m)
-    is_op = {n: op == OP[n] for n in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")}
+    is_op = {name: op == OP[name] for name in OPS}
     shear_deg = torch.rad2deg(torch.atan(m))
     # ShearX/Y use center=[0, 0] (the top-left corner), which torchvision turns into (-W/2, -H/2) from the centre.
     corner = is_op["ShearX"] | is_op["ShearY"]
@@ -100,12 +102,35 @@ def geometric(x: torch.Tensor, op: torch.Tensor, mag: torch.Tensor) -> torch.Ten
         shear_y=torch.where(is_op["ShearY"], shear_deg, zero),
         cx=torch.where(corner, torch.full_like(m, -W * 0.5), zero),
         cy=torch.where(corner, torch.full_like(m, -H * 0.5), zero),
-    ).float()
-    base, scale = _base_grid(H, W, x.device)
-    grid = base.expand(B, -1, -1).bmm(theta.transpose(1, 2) / scale).view(B, H, W, 2)
-    out = F.grid_sample(x.float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
-    out = out.round_().to(torch.uint8)
-    return torch.where(_isin(op, GEOMETRIC)[:, None, None, None], out, x)  # identity's grid is exact; cheap anyway
+    )
+    # grid = base @ theta: base (H*W, 3) pixel centres from the image centre; grid_sample wants them / (W/2, H/2)
+    theta = (theta.transpose(1, 2) / torch.tensor([0.5 * W, 0.5 * H], dtype=torch.float64)).float()
+    v = torch.arange(256)
+    vf, mf = v.float(), mag.float()[:, None]  # (256,), (E, 1)
+    bits = mag.trunc().long().clamp(0, 8)[:, None]  # Posterize keeps the top `bits` bits (8: unchanged)
+    lut = v.expand(len(op), 256)
+    for name, table in (
+        ("Posterize", v & (((1 << bits) - 1) << (8 - bits))),
+        ("Solarize", torch.where(vf >= 255.0 * mf, 255 - v, v)),  # invert the values >= threshold
+        ("Invert", 255 - v),
+        ("Brightness", (vf * (1.0 + mf)).clamp_(0, 255)),  # truncated below, as torchvision's .to(uint8)
+    ):
+        lut = torch.where(is_op[name][:, None], table.to(lut.dtype), lut)
+    kind = torch.tensor([KIND_OF[name] for name in OPS])[op]
+    return Entries(op=op, mag=mag.float(), kind=kind, theta=theta, lut=lut.to(torch.uint8))
+
+
+def _base_grid(H: int, W: int, device: torch.device) -> torch.Tensor:
+    """Pixel centres relative to the image centre with a 1 appended (torchvision's _affine_grid base): (H*W, 3)."""
+    xs = torch.linspace((1.0 - W) * 0.5, (W - 1.0) * 0.5, W, device=device)
+    ys = torch.linspace((1.0 - H) * 0.5, (H - 1.0) * 0.5, H, device=device)
+    return torch.stack([xs.expand(H, W), ys[:, None].expand(H, W), torch.ones(H, W, device=device)], -1).view(-1, 3)
+
+
+def _to_uint8(xf: torch.Tensor) -> torch.Tensor:
+    """Float values in [0, 255] to uint8, truncated as torchvision's .to(uint8): through int16, 2-3x faster on CPU
+    than float -> uint8 directly (0.14 vs 0.31-0.46 ms for 256 CIFAR images, torch 2.14)."""
+    return xf.to(torch.int16).to(torch.uint8)
 
 
 def _gray(xf: torch.Tensor) -> torch.Tensor:
@@ -115,131 +140,155 @@ def _gray(xf: torch.Tensor) -> torch.Tensor:
     return (xf[:, 0] * 0.2989 + xf[:, 1] * 0.587 + xf[:, 2] * 0.114).floor_()[:, None]
 
 
-POINTWISE_NAMES = ("Posterize", "Solarize", "AutoContrast", "Equalize", "Invert", "Brightness", "Contrast")
+# Three passes over the pixels cover every kind: a warp (Geometric), a lookup table per image and channel (Lookup,
+# AutoContrast, Equalize, Contrast: each a function of the value given the image), a blend with a degenerate image
+# (Color: the grayscale; Sharpness: the blurred interior). The table builders read only what their kind needs.
 
 
-def pointwise(
-    x: torch.Tensor,
-    op: torch.Tensor,
-    mag: torch.Tensor,
-    gray: torch.Tensor | None = None,
-    kinds: tuple[str, ...] = POINTWISE_NAMES,
-) -> torch.Tensor:
-    """Posterize, Solarize, AutoContrast, Equalize, Invert, Brightness and Contrast: each a function of the pixel value
-    given the image (Contrast: given its mean gray), so one lookup table per image and channel, (B, C, 256), built
-    with torchvision's float formulas on the 256 values, then one gather over the pixels; other images unchanged.
-    `kinds`: the operations whose tables to build (the CPU path calls it for Equalize apart: only it needs a
-    histogram)."""
+def _warp(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """Affine warp, nearest, fill 0: x (n, C, H, W) uint8, theta (n, 3, 2) -> uint8 (nearest copies pixel values:
+    exact in float32)."""
+    n, C, H, W = x.shape
+    grid = (_base_grid(H, W, x.device) @ theta).view(n, H, W, 2)  # (H*W, 3) @ (n, 3, 2)
+    out = F.grid_sample(x.float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
+    return _to_uint8(out)
+
+
+def _rows_lookup(x: torch.Tensor, values: torch.Tensor, e) -> torch.Tensor:
+    return e.lut[:, None].expand(x.shape[0], x.shape[1], 256).float()
+
+
+def _rows_autocontrast(x: torch.Tensor, values: torch.Tensor, e) -> torch.Tensor:
+    """Per channel, v -> (v - min) / ((max - min) / 255); a constant channel unchanged."""
+    lo, hi = x.flatten(2).aminmax(dim=-1)
+    lo, hi = lo.float()[..., None], hi.float()[..., None]  # (n, C, 1)
+    flat = lo == hi
+    inv_scale = torch.where(flat, 1.0, (hi - lo) * (1.0 / 255))
+    return ((torch.arange(256.0, device=x.device) - torch.where(flat, 0.0, lo)) / inv_scale).clamp_(0, 255)
+
+
+def _rows_equalize(x: torch.Tensor, values: torch.Tensor, e) -> torch.Tensor:
+    """PIL's scheme as torchvision implements it, from the cumulative histogram. Counted in float32, exact for images
+    under 2**24 pixels: int64 division made this builder 3x slower on CPU."""
+    n, C, HW = values.shape
+    hist = torch.zeros(n, C, 256, device=x.device).scatter_add_(-1, values, x.new_ones(1).float().expand_as(values))
+    cum = hist.cumsum(-1)
+    last = hist.gather(-1, x.flatten(2).amax(-1, keepdim=True).long())  # count of the largest value, (n, C, 1)
+    step = ((HW - last) / 255).floor_()
+    # v -> (number of pixels below v + step // 2) // step, so 0 -> 0
+    lut = ((cum - hist + (step / 2).floor_()) / step.clamp(min=1)).floor_().clamp_(0, 255)
+    return torch.where(step > 0, lut, torch.arange(256.0, device=x.device))  # a nearly constant channel stays
+
+
+def _rows_contrast(x: torch.Tensor, values: torch.Tensor, e) -> torch.Tensor:
+    """v -> v * factor + (1 - factor) * mean gray, factor 1 + magnitude (torchvision's _blend with the mean)."""
+    m = e.mag[:, None, None]
+    mean = _gray(x.float()).mean(dim=(-3, -2, -1))[:, None, None]  # (n, 1, 1)
+    rows = (torch.arange(256.0, device=x.device) * (1.0 + m) + (-m) * mean).clamp_(0, 255)
+    return rows.expand(x.shape[0], x.shape[1], 256)
+
+
+def _by_table(values: torch.Tensor, rows: torch.Tensor, shape) -> torch.Tensor:
+    """Each image and channel through its own table: values (n, C, H*W) int64, rows (n, C, 256) float -> uint8.
+    A gather along the value axis: 4x faster on CPU than indexing a flattened table with offsets (measured)."""
+    return rows.to(torch.uint8).gather(-1, values).view(shape)  # .to(uint8) truncates, as torchvision's
+
+
+def _color(xf: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Saturation: x factor + gray (1 - factor), torchvision's _blend; w (n, 1, 1, 1) = 1 - factor."""
+    return _to_uint8((xf * (1.0 - w) + w * _gray(xf)).clamp_(0, 255))
+
+
+def _sharpness(xf: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x + (1 - factor) (blurred - x) as torchvision writes it, blurred by the 3x3 kernel [[1,1,1],[1,5,1],[1,1,1]]
+    / 13 on the interior and rounded; the border kept."""
+    H, W = xf.shape[-2:]
+    if H <= 2 or W <= 2:
+        return _to_uint8(xf)
+    # as sums of shifted views: a depthwise conv2d was 3x slower here (2-core CPU)
+    rows = xf[..., :-2, :] + xf[..., 1:-1, :] + xf[..., 2:, :]  # (n, C, H-2, W)
+    box = rows[..., :-2] + rows[..., 1:-1] + rows[..., 2:]  # (n, C, H-2, W-2)
+    inner = xf[..., 1:-1, 1:-1]
+    blurred = ((box + 4 * inner) / 13.0).round_()
+    out = _to_uint8(xf)
+    out[..., 1:-1, 1:-1] = (inner + w * (blurred - inner)).clamp_(0, 255)
+    return out
+
+
+TABLE_KINDS = {
+    KINDS.index(k): f for k, f in zip(KINDS[2:6], (_rows_lookup, _rows_autocontrast, _rows_equalize, _rows_contrast))
+}
+COLOR, SHARPNESS, GEOMETRIC = KINDS.index("Color"), KINDS.index("Sharpness"), KINDS.index("Geometric")
+
+
+def _take(table: Entries, idx: torch.Tensor) -> Entries:
+    return Entries(*(t[idx] for t in table))
+
+
+class _Lazy:
+    """Entries `idx` of a table, each field gathered when read (a table builder reads at most one)."""
+
+    def __init__(self, table: Entries, idx: torch.Tensor):
+        self.table, self.idx = table, idx
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        return getattr(self.table, name)[self.idx]
+
+
+def apply_entries(x: torch.Tensor, table: Entries, entry: torch.Tensor, sort: bool | None = None) -> torch.Tensor:
+    """One slot: image b gets the operation of table entry `entry[b]`. x (B, C, H, W) uint8 -> a new batch.
+
+    On GPU (`sort` False) each pass runs on the whole batch and each image keeps the result of its own: no
+    data-dependent shapes, nothing waits for the device. On CPU (`sort` True) there is no device to wait for and a
+    pass over an image that keeps x is time lost: the batch is sorted by kind (KINDS' order puts the table kinds and
+    the blend kinds next to each other) and each pass transforms its slice in place. Both give the same result
+    (tested) and dispatch the same number of operators for any batch size (an empty slice runs too)."""
+    if sort is None:
+        sort = x.device.type == "cpu"
     B, C, H, W = x.shape
-    dev = x.device
-    v = torch.arange(256, device=dev)
-    vf = v.float()
-    m = mag[:, None, None]  # (B, 1, 1)
-    # Posterize: keep the top `bits` bits (8 bits: unchanged)
-    bits = mag.trunc().long().clamp(0, 8)[:, None, None]
-    lut_post = v & (((1 << bits) - 1) << (8 - bits))
-    # Solarize: invert the values >= threshold (255 * magnitude)
-    lut_sol = torch.where(vf >= 255.0 * m, 255 - v, v)
-    lut_auto = vf
-    if "AutoContrast" in kinds:
-        # AutoContrast: per channel, (v - min) / ((max - min) / 255), unchanged where max == min
-        lo = x.amin(dim=(-2, -1)).float()[..., None]  # (B, C, 1)
-        hi = x.amax(dim=(-2, -1)).float()[..., None]
-        flat_chan = lo == hi
-        inv_scale = torch.where(flat_chan, torch.ones_like(hi), (hi - lo) * (1.0 / 255))
-        lo = torch.where(flat_chan, torch.zeros_like(lo), lo)
-        lut_auto = ((vf - lo) / inv_scale).clamp_(0, 255)
-    values = x.view(B, C, H * W).long()  # gather and scatter want int64 indices: converted once, used twice
-    lut_eq = v
-    if "Equalize" in kinds:  # PIL's scheme as torchvision implements it
-        hist = torch.zeros(B, C, 256, dtype=torch.int32, device=dev)
-        hist.scatter_add_(-1, values, torch.ones(1, dtype=torch.int32, device=dev).expand_as(values))
-        cum = hist.cumsum(-1)
-        last = hist.gather(-1, cum.argmax(-1, keepdim=True))  # count of the largest value present
-        step = torch.div(H * W - last, 255, rounding_mode="floor")  # (B, C, 1)
-        lut_eq = torch.div(cum[..., :-1] + step // 2, step.clamp(min=1), rounding_mode="floor").clamp(0, 255)
-        lut_eq = torch.cat([torch.zeros_like(lut_eq[..., :1]), lut_eq], dim=-1)
-        lut_eq = torch.where(step != 0, lut_eq, v)  # a nearly constant channel stays as it is
-    # Brightness: v * factor; Contrast: v * factor + (1 - factor) * mean gray (torchvision's _blend, per pixel)
-    lut_bright = (vf * (1.0 + m)).clamp_(0, 255)
-    lut_contrast = vf
-    if "Contrast" in kinds:
-        mean = (gray if gray is not None else _gray(x.float())).mean(dim=(-3, -2, -1))[:, None, None]  # (B, 1, 1)
-        lut_contrast = (vf * (1.0 + m) + (-m) * mean).clamp_(0, 255)
-    everything = {
-        "Posterize": lut_post,
-        "Solarize": lut_sol,
-        "AutoContrast": lut_auto,
-        "Equalize": lut_eq,
-        "Invert": 255 - v,
-        "Brightness": lut_bright,
-        "Contrast": lut_contrast,
-    }
-    names = ("Identity", *kinds)
-    tables = [v, *(everything[k] for k in kinds)]
-    # uint8 tables (truncating as torchvision's .to(uint8)), stacked: (K, B, C, 256); each image takes its own row
-    tables = torch.stack([t.to(torch.uint8).expand(B, C, 256) for t in tables])
-    row = torch.zeros(B, dtype=torch.long, device=dev)
-    for k, name in enumerate(names[1:], start=1):
-        row = torch.where(op == OP[name], k, row)
-    lut = tables.gather(0, row.view(1, B, 1, 1).expand(1, B, C, 256))[0]  # (B, C, 256)
-    # gather along the value axis: 4x faster on CPU than indexing a flattened table with offsets (measured)
-    return lut.gather(-1, values).view(B, C, H, W)
+    kind = table.kind[entry]
+    # the blend weight; Color leaves one channel as it is (as PIL does)
+    weight = torch.where((kind == COLOR) & (C == 1), 0.0, -table.mag[entry])
+    if not sort:
+        e, xf = _Lazy(table, entry), x.float()
+        values = x.view(B, C, H * W).long()
+        rows = torch.zeros(B, C, 256, device=x.device)
+        for k, build in TABLE_KINDS.items():
+            rows = torch.where((kind == k)[:, None, None], build(x, values, e), rows)
+        out = torch.where((kind == GEOMETRIC)[:, None, None, None], _warp(x, e.theta), x)
+        out = torch.where(_is_table(kind)[:, None, None, None], _by_table(values, rows, x.shape), out)
+        w = weight[:, None, None, None]
+        out = torch.where((kind == COLOR)[:, None, None, None], _color(xf, w), out)
+        return torch.where((kind == SHARPNESS)[:, None, None, None], _sharpness(xf, w), out)
+    order = kind.argsort()
+    end = torch.bincount(kind, minlength=len(KINDS)).cumsum(0).tolist()  # a host read: free on CPU
+    xs, entry, weight = x.index_select(0, order), entry[order], weight[order]
+    part = slice(end[0], end[GEOMETRIC])
+    xs[part] = _warp(xs[part], table.theta[entry[part]])
+    first, last = end[GEOMETRIC], end[max(TABLE_KINDS)]  # the table kinds' images: xs[first:last]
+    values = xs[first:last].view(-1, C, H * W).long()
+    rows = []
+    for k, build in TABLE_KINDS.items():
+        part = slice(end[k - 1], end[k])
+        local = slice(end[k - 1] - first, end[k] - first)
+        rows.append(build(xs[part], values[local], _Lazy(table, entry[part])))
+    xs[first:last] = _by_table(values, torch.cat(rows), (-1, C, H, W))
+    for k, blend in ((COLOR, _color), (SHARPNESS, _sharpness)):
+        part = slice(end[k - 1], end[k])
+        xs[part] = blend(xs[part].float(), weight[part, None, None, None])
+    # back to the input order: index_copy_ of uint8 is 10x slower on CPU than this gather (0.86 vs 0.09 ms, measured)
+    return xs.index_select(0, order.argsort())
 
 
-def blend(x: torch.Tensor, op: torch.Tensor, mag: torch.Tensor, gray: torch.Tensor | None = None) -> torch.Tensor:
-    """Color (saturation) and Sharpness with factor 1 + magnitude, torchvision's formulas: a blend with a degenerate
-    image (the grayscale; the blurred interior); other images unchanged.
-
-    Chosen per image by coefficients rather than by selecting among blended batches: other images get factor 1 and
-    weight 0 on the degenerate (exactly x)."""
-    B, C, H, W = x.shape
-    is_color = (op == OP["Color"])[:, None, None, None] & (C == 3)  # one channel: Color leaves it (as PIL does)
-    is_sharp = (op == OP["Sharpness"])[:, None, None, None]
-    m = mag[:, None, None, None]
-    alpha = torch.where(is_color | is_sharp, -m, torch.zeros_like(m))  # torchvision's 1 - factor, exact
-    xf = x.float()
-    gray = gray if gray is not None else _gray(xf)
-    # Sharpness' degenerate: the 3x3 kernel [[1,1,1],[1,5,1],[1,1,1]] / 13 on the interior, rounded; the border kept.
-    # As sums of shifted views: a depthwise conv2d took 13 of this function's 22 ms (256 CIFAR images, 2-core CPU).
-    sharp = xf.clone()
-    if H > 2 and W > 2:
-        rows = xf[..., :-2, :] + xf[..., 1:-1, :] + xf[..., 2:, :]  # (B, C, H-2, W)
-        box = rows[..., :-2] + rows[..., 1:-1] + rows[..., 2:]  # (B, C, H-2, W-2)
-        sharp[..., 1:-1, 1:-1] = ((box + 4 * xf[..., 1:-1, 1:-1]) / 13.0).round_()
-    # torchvision: sharpness as x + (1 - r) (blurred - x); saturation as x r + (1 - r) gray
-    out = torch.where(is_sharp, xf + alpha * (sharp - xf), xf * (1.0 - alpha) + alpha * gray)
-    return out.clamp_(0, 255).to(torch.uint8)
+def _is_table(kind: torch.Tensor) -> torch.Tensor:
+    return (kind > GEOMETRIC) & (kind < COLOR)
 
 
-def apply_ops(x: torch.Tensor, op: torch.Tensor, mag: torch.Tensor, subset: bool | None = None) -> torch.Tensor:
-    """One slot: image b gets OPS[op[b]] with magnitude mag[b]. x (B, C, H, W) uint8.
-
-    Each stage changes only the images whose operation is its own, so it can run on the whole batch (masks: no
-    data-dependent shapes, nothing waits for the device: the default on GPU) or on just those images (`subset`: the
-    default on CPU, where there is no device to wait for and every pass over a skipped image is time lost: 2.2x faster
-    than the masks for the CIFAR AutoAugment policy on 2 cores). Both give the same result (tested). The number of
-    operators dispatched is the same for any batch size either way."""
-    if subset is None:
-        subset = x.device.type == "cpu"
-    if subset:
-        x = x.clone()  # then written in place, stage by stage
-    stages = ((GEOMETRIC, geometric), (POINTWISE_ALL, pointwise), (BLENDS, blend))
-    if subset:  # Equalize apart: the only operation that needs a histogram
-        others = tuple(n for n in POINTWISE_NAMES if n != "Equalize")
-        stages = (
-            (GEOMETRIC, geometric),
-            ([OP["Equalize"]], functools.partial(pointwise, kinds=("Equalize",))),
-            ([OP[n] for n in others], functools.partial(pointwise, kinds=others)),
-            (BLENDS, blend),
-        )
-    for ids, stage in stages:
-        if subset:
-            idx = _isin(op, ids).nonzero().squeeze(1)
-            x.index_copy_(0, idx, stage(x.index_select(0, idx), op[idx], mag[idx]))
-        else:
-            x = stage(x, op, mag)
-    return x
+def apply_ops(x: torch.Tensor, op: torch.Tensor, mag: torch.Tensor, sort: bool | None = None) -> torch.Tensor:
+    """One slot from operation ids and signed magnitudes, (B,) each: image b gets OPS[op[b]] with mag[b]."""
+    table = entries(op.cpu(), mag.cpu(), x.shape[-2], x.shape[-1])
+    table = Entries(*(t.to(x.device) for t in table))
+    return apply_entries(x, table, torch.arange(len(op), device=x.device), sort)
 
 
 class BatchAutoAugment:
@@ -256,59 +305,53 @@ class BatchAutoAugment:
         self.policy, self.num_ops, self.magnitude, self.bins = policy, num_ops, magnitude, num_magnitude_bins
         self._tables: dict = {}
 
-    def _space(self):
-        return (v2.RandAugment if self.policy == "randaugment" else v2.TrivialAugmentWide)._AUGMENTATION_SPACE
-
-    def _table(self, H: int, W: int, device) -> dict:
-        """Per (H, W): the policy's op ids, magnitude tables and sign flags as tensors on the device."""
+    def _table(self, H: int, W: int, device) -> tuple[Entries, dict]:
+        """Per (H, W, device): the policy's entries (0: Identity; then each operation and magnitude it can draw,
+        positive then negative) and where to find them: `pos`/`neg` entry indices shaped as the policy's draws
+        (AutoAugment: (sub-policies, 2) with their probabilities `p`; RandAugment: (ops,); Trivial: (ops, bins))."""
         key = (H, W, str(device))
         if key in self._tables:
             return self._tables[key]
+        ops, mags = [OP["Identity"]], [0.0]
+
+        def add(name: str, magnitude: float, signed: bool) -> tuple[int, int]:
+            ops.extend([OP[name], OP[name]])
+            mags.extend([magnitude, -magnitude if signed else magnitude])
+            return len(ops) - 2, len(ops) - 1
+
+        where = {}
         if self.policy.startswith("autoaugment"):
             name = {"imagenet": "IMAGENET", "cifar10": "CIFAR10", "svhn": "SVHN"}[self.policy.split("_")[1]]
-            pols = v2.AutoAugment(getattr(v2.AutoAugmentPolicy, name))._policies
             space = v2.AutoAugment._AUGMENTATION_SPACE
-            ops, probs, mags, signed = [], [], [], []
-            for sub in pols:
+            pos, neg, probs = [], [], []
+            for sub in v2.AutoAugment(getattr(v2.AutoAugmentPolicy, name))._policies:
                 for transform_id, p, idx in sub:
-                    fn, sgn = space[transform_id]
+                    fn, signed = space[transform_id]
                     table = fn(10, H, W)
-                    ops.append(OP[transform_id])
-                    probs.append(p)
-                    mags.append(float(table[idx]) if table is not None else 0.0)
-                    signed.append(sgn and table is not None)
-            shape = (len(pols), 2)
-            t = {
-                "op": torch.tensor(ops, device=device).view(shape),
-                "p": torch.tensor(probs, device=device).view(shape),
-                "mag": torch.tensor(mags, device=device).view(shape),
-                "signed": torch.tensor(signed, device=device).view(shape),
-            }
+                    i, j = add(transform_id, float(table[idx]) if table is not None else 0.0, signed)
+                    pos.append(i), neg.append(j), probs.append(p)
+            where = {"pos": pos, "neg": neg, "p": probs}
+            where = {k: torch.tensor(v, device=device).view(-1, 2) for k, v in where.items()}
         else:
-            space = self._space()
-            names = list(space)
-            mags = torch.zeros(len(names), self.bins)
-            signed = []
-            for i, n in enumerate(names):
-                fn, sgn = space[n]
+            space = (v2.RandAugment if self.policy == "randaugment" else v2.TrivialAugmentWide)._AUGMENTATION_SPACE
+            bins = [self.magnitude] if self.policy == "randaugment" else range(self.bins)
+            pos, neg = [], []
+            for op_name, (fn, signed) in space.items():
                 table = fn(self.bins, H, W)
-                if table is not None:
-                    mags[i] = table.float()
-                signed.append(sgn and table is not None)
-            t = {
-                "op": torch.tensor([OP[n] for n in names], device=device),
-                "mag": mags.to(device),
-                "signed": torch.tensor(signed, device=device),
-            }
-        self._tables[key] = t
-        return t
+                for b in bins:
+                    i, j = add(op_name, float(table[b]) if table is not None else 0.0, signed)
+                    pos.append(i), neg.append(j)
+            shape = (len(space),) if self.policy == "randaugment" else (len(space), self.bins)
+            where = {"pos": torch.tensor(pos, device=device).view(shape), "neg": torch.tensor(neg, device=device)}
+            where["neg"] = where["neg"].view(shape)
+        table = entries(torch.tensor(ops), torch.tensor(mags, dtype=torch.float64), H, W)
+        self._tables[key] = (Entries(*(t.to(device) for t in table)), where)
+        return self._tables[key]
 
-    def sample(
-        self, B: int, H: int, W: int, generator: torch.Generator, device=None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each image's operations and signed magnitudes, as torchvision draws them: (B, slots) ids and floats."""
+    def draw(self, B: int, H: int, W: int, generator: torch.Generator, device=None) -> torch.Tensor:
+        """Each image's entries, as torchvision draws operations, magnitudes and signs: (B, slots) indices."""
         device = device or generator.device
-        t = self._table(H, W, device)
+        _, t = self._table(H, W, device)
 
         def rand(*shape):
             return torch.rand(*shape, generator=generator, device=generator.device).to(device)
@@ -317,23 +360,27 @@ class BatchAutoAugment:
             return torch.randint(n, shape, generator=generator, device=generator.device).to(device)
 
         if self.policy.startswith("autoaugment"):
-            sub = randint(t["op"].shape[0], B)  # one sub-policy per image
-            op, p, mag, sgn = t["op"][sub], t["p"][sub], t["mag"][sub], t["signed"][sub]  # (B, 2)
-            coin = rand(B, 2) <= p
-            op, mag = torch.where(coin, op, torch.zeros_like(op)), torch.where(coin, mag, torch.zeros_like(mag))
-        elif self.policy == "randaugment":
-            k = randint(len(t["op"]), B, self.num_ops)
-            op, mag, sgn = t["op"][k], t["mag"][k, self.magnitude], t["signed"][k]
-        else:  # trivialaugment: one operation, a uniformly drawn magnitude bin
-            k, bin_ = randint(len(t["op"]), B, 1), randint(self.bins, B, 1)
-            op, mag, sgn = t["op"][k], t["mag"][k, bin_], t["signed"][k]
-        mag = torch.where(sgn & (rand(*op.shape) <= 0.5), -mag, mag)
-        return op, mag
+            sub = randint(t["pos"].shape[0], B)  # one sub-policy per image
+            pos, neg, p = t["pos"][sub], t["neg"][sub], t["p"][sub]  # (B, 2)
+            entry = torch.where(rand(B, 2) <= 0.5, neg, pos)  # an unsigned operation's "neg" is itself
+            return torch.where(rand(B, 2) <= p, entry, 0)  # the coin says no: Identity
+        if self.policy == "randaugment":
+            k = randint(t["pos"].shape[0], B, self.num_ops)
+            return torch.where(rand(B, self.num_ops) <= 0.5, t["neg"][k], t["pos"][k])
+        k, bin_ = randint(t["pos"].shape[0], B, 1), randint(self.bins, B, 1)  # trivialaugment: one op, any bin
+        return torch.where(rand(B, 1) <= 0.5, t["neg"][k, bin_], t["pos"][k, bin_])
+
+    def sample(self, B: int, H: int, W: int, generator: torch.Generator, device=None):
+        """Each image's operations and signed magnitudes: (B, slots) ids of OPS and floats."""
+        entry = self.draw(B, H, W, generator, device)
+        table, _ = self._table(H, W, entry.device)
+        return table.op[entry], table.mag[entry]
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        op, mag = self.sample(x.shape[0], x.shape[-2], x.shape[-1], generator, x.device)
-        for s in range(op.shape[1]):
-            x = apply_ops(x, op[:, s], mag[:, s])
+        table, _ = self._table(x.shape[-2], x.shape[-1], x.device)
+        entry = self.draw(x.shape[0], x.shape[-2], x.shape[-1], generator, x.device)
+        for s in range(entry.shape[1]):
+            x = apply_entries(x, table, entry[:, s])
         return x
 
 
@@ -383,7 +430,7 @@ def resized_crop(x: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tenso
     gy = (2 * sy + 1) / H - 1
     grid = torch.stack([gx[:, None, :].expand(B, size, size), gy[:, :, None].expand(B, size, size)], dim=-1)
     out = F.grid_sample(x.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
-    return out.round_().clamp_(0, 255).to(torch.uint8)
+    return _to_uint8(out.round_().clamp_(0, 255))
 
 
 def random_resized_crop(
@@ -418,26 +465,25 @@ def random_erasing_boxes(
 
 
 def erase(x: torch.Tensor, boxes: torch.Tensor, value: float = 0.0, inplace: bool = False) -> torch.Tensor:
-    """Set each image's box to `value`: x (B, C, H, W), boxes (B, 4) top, left, h, w (h = 0: untouched)."""
+    """Set each image's box to `value`: x (B, C, H, W) float, boxes (B, 4) top, left, h, w (h = 0: untouched).
+
+    A multiply by a (B, 1, H, W) keep mask: 10x faster on CPU than masked_fill_ with the same broadcast mask
+    (0.017 vs 0.18 ms for 64 CIFAR images), so the whole batch is done at once. x must be finite (0 * inf is nan)."""
     H, W = x.shape[-2:]
     top, left, h, w = (b[:, None] for b in boxes.unbind(1))
     rows = torch.arange(H, device=x.device)[None]
     cols = torch.arange(W, device=x.device)[None]
-    in_r = (rows >= top) & (rows < top + h)  # (B, H)
-    in_c = (cols >= left) & (cols < left + w)  # (B, W)
-    mask = in_r[:, None, :, None] & in_c[:, None, None, :]
-    return x.masked_fill_(mask, value) if inplace else x.masked_fill(mask, value)
+    in_r = ((rows >= top) & (rows < top + h)).to(x.dtype)  # (B, H)
+    in_c = ((cols >= left) & (cols < left + w)).to(x.dtype)  # (B, W)
+    inside = in_r[:, None, :, None] * in_c[:, None, None, :]  # (B, 1, H, W), 1 in the box
+    out = x.mul_(1 - inside) if inplace else x * (1 - inside)
+    return out.add_(inside * value) if value != 0 else out
 
 
 def random_erasing(
     x: torch.Tensor, p: float, generator: torch.Generator, value: float = 0.0, inplace: bool = False
 ) -> torch.Tensor:
-    """RandomErasing of each image of a batch with probability p (after Normalize: value 0 is the mean colour). On CPU
-    only the erased images are touched (as in apply_ops); `inplace` writes them into x instead of a copy of the whole
-    batch (the in-memory path passes its fresh batch: 3 MB less to copy per 256 CIFAR images)."""
+    """RandomErasing of each image of a batch with probability p (after Normalize: value 0 is the mean colour).
+    `inplace` writes into x instead of a copy (the in-memory path passes its fresh batch)."""
     boxes = random_erasing_boxes(x.shape[0], x.shape[-2], x.shape[-1], p, generator, device=x.device)
-    if x.device.type != "cpu":
-        return erase(x, boxes, value, inplace=inplace)
-    idx = (boxes[:, 2] > 0).nonzero().squeeze(1)
-    erased = erase(x.index_select(0, idx), boxes[idx], value)
-    return x.index_copy_(0, idx, erased) if inplace else x.index_copy(0, idx, erased)
+    return erase(x, boxes, value, inplace=inplace)

