@@ -1,5 +1,6 @@
 """The in-memory data path against the torchvision/PIL path's semantics."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -23,11 +24,11 @@ def _raw(x):
 def _views(img, padding):
     """Every image RandomCrop(padding) + optional flip can produce from img, as (offset, flipped) -> tensor."""
     padded = F.pad(img.float(), (padding,) * 4)
-    size = img.shape[-1]
+    H, W = img.shape[-2:]
     out = {}
     for oy in range(2 * padding + 1):
         for ox in range(2 * padding + 1):
-            crop = padded[:, oy : oy + size, ox : ox + size]
+            crop = padded[:, oy : oy + H, ox : ox + W]
             out[(oy, ox, False)], out[(oy, ox, True)] = crop, crop.flip(-1)
     return out
 
@@ -86,6 +87,18 @@ def test_ranks_shard_like_distributed_sampler():
     shards = [DeviceBatches(images, targets, 4, MEAN, STD, train=True, seed=5, rank=r, world_size=2) for r in (0, 1)]
     for (_, y), (_, y0), (_, y1) in zip(one, *shards):
         assert sorted(y.tolist()) == sorted(y0.tolist() + y1.tolist())
+
+
+@pytest.mark.parametrize("hflip", [True, False])
+def test_random_crop_flip_of_non_square_images_gives_their_padded_crops(hflip):
+    x = torch.randint(1, 256, (48, 2, 5, 9), dtype=torch.uint8)  # no zeros: the padding is visible
+    out = random_crop_flip(x, 3, hflip, torch.Generator().manual_seed(0))
+    seen = set()
+    for o, i in zip(out.float(), x):
+        match = [k for k, v in _views(i, 3).items() if torch.equal(v, o) and (hflip or not k[2])]
+        assert match, "an output that no crop (+ flip) of its source image can produce"
+        seen.add(match[0])
+    assert len({k[:2] for k in seen}) > 20 and len({k[2] for k in seen}) == 1 + hflip
 
 
 def test_random_crop_flip_without_padding_only_flips():
