@@ -380,12 +380,15 @@ class BatchAutoAugment:
         table, _ = self._table(H, W, entry.device)
         return table.op[entry], table.mag[entry]
 
-    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def apply(self, x: torch.Tensor, entry: torch.Tensor) -> torch.Tensor:
+        """The drawn entries (B, slots) applied to x (B, C, H, W) uint8, slot after slot."""
         table, _ = self._table(x.shape[-2], x.shape[-1], x.device)
-        entry = self.draw(x.shape[0], x.shape[-2], x.shape[-1], generator, x.device)
         for s in range(entry.shape[1]):
             x = apply_entries(x, table, entry[:, s])
         return x
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        return self.apply(x, self.draw(x.shape[0], x.shape[-2], x.shape[-1], generator, x.device))
 
 
 def random_resized_crop_boxes(
