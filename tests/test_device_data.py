@@ -72,6 +72,31 @@ def test_another_epoch_gives_other_batches_and_the_same_seed_the_same():
     assert [y.tolist() for _, y in c] != [y.tolist() for _, y in b]
 
 
+def test_a_restored_epoch_continues_with_the_same_batches():
+    """The epoch's augmentation is drawn at once: a loader restored mid-epoch gives exactly the batches it had left."""
+    from vit.augment import BatchAutoAugment
+
+    images, targets = _images(n=48, size=12)
+
+    def loader():
+        aug = BatchAutoAugment("autoaugment_cifar10")
+        return DeviceBatches(
+            images, targets, 8, MEAN, STD, train=True, crop_padding=2, hflip=True, auto_augment=aug, erasing=0.5, seed=4
+        )
+
+    a = loader()
+    a.set_epoch(3)
+    it = iter(a)
+    seen = [next(it) for _ in range(2)]
+    state = a.state_dict()
+    rest = list(it)
+    b = loader()
+    b.load_state_dict(state)
+    resumed = list(b)
+    assert len(seen) + len(resumed) == len(a) == 6
+    assert all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(rest, resumed))
+
+
 def test_validation_is_ordered_unaugmented_and_equals_the_pil_path():
     dm = DigitsDataModule(batch_size=50)
     xs, ys = zip(*DeviceBatches(*dm.memory["val"], 50, dm.mean, dm.std, train=False))

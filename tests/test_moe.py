@@ -99,5 +99,7 @@ def test_aux_loss_and_expert_usage_reach_tensorboard(tmp_path):
     ea.Reload()
     assert {"moe/expert_usage/layer_0", "moe/expert_usage/layer_1"} <= set(ea.Tags()["histograms"])
     usage = ea.Histograms("moe/expert_usage/layer_0")
-    assert len(usage) == 2 and usage[0].histogram_value.num == 4 * 32 * 16 * 2  # 4 steps x 32 images x 16 tokens x 2
+    # 4 steps x 32 images x 16 tokens x top-2, less the few tokens an expert over its capacity (1.25x its share) drops
+    full = 4 * 32 * 16 * 2
+    assert len(usage) == 2 and 0.9 * full <= usage[0].histogram_value.num <= full
     assert all(e.value > 0 for e in ea.Scalars("train/moe_aux_loss"))
