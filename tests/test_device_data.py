@@ -4,8 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vit.crops import random_crop_flip
 from vit.data import DigitsDataModule
-from vit.device_data import DeviceBatches, random_crop_flip
+from vit.device_data import DeviceBatches
 
 MEAN, STD = (0.2, 0.3, 0.4), (0.5, 0.6, 0.7)
 
