@@ -113,16 +113,74 @@ def test_bad_names_are_one_line():
         TorchvisionDataModule("torch/Nope")
 
 
-def test_the_mnist_config_trains_by_name(tmp_path, monkeypatch):
-    """configs/mnist.yaml uses a torchvision dataset by name: one short fit from tiny files."""
+def test_every_name_in_timms_table_is_accepted():
+    """timm.data.dataset_factory's torch/<name> names (its basic table and each `name == '...'` branch) resolve to a
+    torchvision class here; the older spellings stay as aliases."""
+    import inspect
+    import re
+
+    from timm.data import dataset_factory
+
+    from vit.datasets import resolve
+
+    branches = set(re.findall(r"name == '(\w+)'", inspect.getsource(dataset_factory.create_dataset)))
+    names = set(dataset_factory._TORCH_BASIC_DS) | branches
+    assert {"fashion_mnist", "qmnist", "inaturalist", "places365", "imagenet", "image_folder"} <= names  # parsed
+    for name in names:
+        _, cls, _ = resolve(f"torch/{name}")
+        assert issubclass(cls, datasets.VisionDataset), name
+    assert resolve("torch/fashion_mnist")[1] is resolve("torch/fashionmnist")[1] is datasets.FashionMNIST
+    assert resolve("torch/folder")[1] is datasets.ImageFolder and resolve("torch/inat")[1] is datasets.INaturalist
+
+
+def test_qmnist_takes_the_class_from_its_label_records(tmp_path):
+    """QMNIST's labels are (N, 8) int32 records whose first column is the class."""
+    raw = tmp_path / "QMNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for what, n in (("train", 20), ("test", 6)):
+        images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        records = np.zeros((n, 8), dtype=">i4")
+        records[:, 0], records[:, 5] = np.arange(n) % 10, 1234  # class; writer id
+        (raw / f"qmnist-{what}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, n, 28, 28) + images.tobytes())
+        (raw / f"qmnist-{what}-labels-idx2-int").write_bytes(struct.pack(">III", 0x0C02, n, 8) + records.tobytes())
+    dm = TorchvisionDataModule("torch/qmnist", root=str(tmp_path), download=False)
+    assert dm.num_classes == 10 and dm.memory["train"][1].tolist() == [i % 10 for i in range(20)]
+    assert dm.memory["val"][0].shape == (6, 1, 28, 28)
+
+
+def test_file_backed_sets_image_folder_and_imagenet(tmp_path):
+    """timm's torch/image_folder (root/train, root/val) and torch/imagenet (meta.bin + the same folders) are read
+    from their file lists and decoded once at img_size."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 3), ("val", 2)):
+        for wnid in ("n01", "n02"):
+            (tmp_path / split / wnid).mkdir(parents=True)
+            for i in range(n):
+                pixels = rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(tmp_path / split / wnid / f"{wnid}_{i}.png")
+    folder = TorchvisionDataModule("torch/image_folder", root=str(tmp_path), img_size=16)
+    assert folder.class_names == ["n01", "n02"] and folder.memory["train"][0].shape == (6, 3, 16, 16)
+    assert folder.memory["val"][1].tolist() == [0, 0, 1, 1]
+    meta = {"n01": ("tench", "Tinca tinca"), "n02": ("goldfish",)}
+    torch.save((meta, ["n01", "n02"]), tmp_path / "meta.bin")
+    net = TorchvisionDataModule("torch/imagenet", root=str(tmp_path), img_size=16)
+    assert net.class_names == ["tench", "goldfish"] and net.memory["val"][0].shape == (4, 3, 16, 16)
+
+
+def test_fashion_mnist_by_timms_name_trains_with_the_mnist_config(tmp_path, monkeypatch):
+    """configs/mnist.yaml with timm's name for Fashion-MNIST: one short fit from its on-disk files."""
     import train
 
-    write_mnist(tmp_path / "data", n_train=64, n_test=16)
+    write_mnist(tmp_path / "data", "FashionMNIST", n_train=64, n_test=16)
     monkeypatch.chdir(tmp_path)
     cli = train.main(
         [
             "--config",
             "configs/mnist.yaml",
+            "--data.init_args.dataset=torch/fashion_mnist",
             "--data.init_args.download=false",
             "--trainer.max_epochs=1",
             "--trainer.enable_progress_bar=false",

@@ -12,6 +12,7 @@ measured on the training split and cached in `root/<name>_stats.json`.
 """
 
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -33,15 +34,22 @@ from vit.data import (
     decode_images,
 )
 
-# name -> (torchvision class, how to ask for the training and the validation split)
+# name -> (torchvision class, how to ask for the training and the validation split). The names are timm's
+# (timm.data.dataset_factory: cifar10, cifar100, mnist, kmnist, fashion_mnist, qmnist, inaturalist, places365,
+# imagenet, image_folder), so a timm command line's `torch/<name>` works here; ALIASES keeps older spellings.
 SPLIT_BY_TRAIN = ({"train": True}, {"train": False})
 SPLIT_BY_NAME = ({"split": "train"}, {"split": "test"})
 KNOWN = {
     "mnist": ("MNIST", SPLIT_BY_TRAIN),
-    "fashionmnist": ("FashionMNIST", SPLIT_BY_TRAIN),
+    "fashion_mnist": ("FashionMNIST", SPLIT_BY_TRAIN),
     "kmnist": ("KMNIST", SPLIT_BY_TRAIN),
+    "qmnist": ("QMNIST", SPLIT_BY_TRAIN),
     "cifar10": ("CIFAR10", SPLIT_BY_TRAIN),
     "cifar100": ("CIFAR100", SPLIT_BY_TRAIN),
+    "inaturalist": ("INaturalist", ({"version": "2021_train"}, {"version": "2021_valid"})),
+    "places365": ("Places365", ({"split": "train-standard"}, {"split": "val"})),
+    "imagenet": ("ImageNet", ({"split": "train"}, {"split": "val"})),
+    "image_folder": ("ImageFolder", None),
     "svhn": ("SVHN", SPLIT_BY_NAME),
     "stl10": ("STL10", SPLIT_BY_NAME),
     "food101": ("Food101", SPLIT_BY_NAME),
@@ -50,13 +58,36 @@ KNOWN = {
     "gtsrb": ("GTSRB", SPLIT_BY_NAME),
     "eurosat": ("EuroSAT", None),
 }
+ALIASES = {"fashionmnist": "fashion_mnist", "inat": "inaturalist", "folder": "image_folder"}
+NO_DOWNLOAD = ("ImageNet", "ImageFolder")  # torchvision cannot fetch these: the files must be there
+# timm's split folder names for torch/image_folder (its _TRAIN_SYNONYM and _EVAL_SYNONYM)
+TRAIN_DIRS, VAL_DIRS = ("train", "training"), ("val", "valid", "validation", "eval", "evaluation")
+
+
+def resolve(dataset: str) -> tuple[str, type, tuple[dict, dict] | None]:
+    """`torch/<name>` -> (canonical name, torchvision class, split arguments or None for the train/test default).
+    One-line ValueError for anything else."""
+    if not dataset.startswith("torch/"):
+        raise ValueError(f"dataset={dataset!r}: torchvision datasets are named torch/<name>, e.g. torch/mnist")
+    name = dataset.split("/", 1)[1]
+    key = ALIASES.get(name.lower(), name.lower())
+    cls_name, splits = KNOWN.get(key, (name, None))
+    cls = getattr(datasets, cls_name, None)
+    if cls is None or not isinstance(cls, type):
+        raise ValueError(f"dataset={dataset!r}: torchvision.datasets has no {cls_name}; known: {sorted(KNOWN)}")
+    return (key if key in KNOWN else name.lower()), cls, splits
+
+
 PUBLISHED = {"cifar10": (CIFAR10_MEAN, CIFAR10_STD), "cifar100": (CIFAR100_MEAN, CIFAR100_STD)}
 
 
 def where_files_go(cls, root: Path) -> str:
     """Which files a torchvision dataset class reads, and where, for the offline message."""
-    if hasattr(cls, "resources") and cls.__name__.endswith("MNIST"):  # MNIST, FashionMNIST, KMNIST: idx files
-        names = ", ".join(Path(url).name for url, _ in cls.resources)
+    if hasattr(cls, "resources") and cls.__name__.endswith("MNIST"):  # MNIST, FashionMNIST, KMNIST, QMNIST: idx
+        resources = cls.resources
+        if isinstance(resources, dict):  # QMNIST: per split
+            resources = [r for split in ("train", "test") for r in resources[split]]
+        names = ", ".join(Path(url).name for url, _ in resources)
         return f"put {names} in {root / cls.__name__ / 'raw'}/"
     if cls is datasets.SVHN:
         return (
@@ -78,10 +109,27 @@ def _uint8_images(ds) -> torch.Tensor:
     raise TypeError  # a file-backed dataset: decoded by the caller
 
 
+def _files(ds) -> tuple[list[str], list[int]]:
+    """(paths, targets) of a file-backed torchvision dataset, read from its index without opening an image; empty
+    lists for an in-memory one."""
+    for name in ("samples", "_samples", "imgs"):  # ImageFolder/ImageNet, GTSRB, Places365: (path, target) pairs
+        pairs = getattr(ds, name, None)
+        if isinstance(pairs, list) and pairs and isinstance(pairs[0], tuple):
+            return [str(p) for p, _ in pairs], [int(t) for _, t in pairs]
+    if isinstance(ds, datasets.INaturalist):  # index: (category id, file name) under root/<category folder>/
+        return [os.path.join(ds.root, ds.all_categories[c], f) for c, f in ds.index], [c for c, _ in ds.index]
+    files = [str(p) for p in getattr(ds, "_image_files", [])]  # Food101, Flowers102, DTD, ...: labels beside
+    return files, [int(t) for t in getattr(ds, "_labels", [])][: len(files)]
+
+
 def _targets(ds) -> torch.Tensor:
     for name in ("targets", "labels", "_labels"):
         if hasattr(ds, name):
-            return torch.as_tensor(getattr(ds, name), dtype=torch.long)
+            t = torch.as_tensor(getattr(ds, name), dtype=torch.long)
+            return t[:, 0] if t.ndim == 2 else t  # QMNIST: (N, 8) records, the class first
+    _, targets = _files(ds)
+    if targets:
+        return torch.tensor(targets, dtype=torch.long)
     return torch.tensor([ds[i][1] for i in range(len(ds))], dtype=torch.long)
 
 
@@ -89,8 +137,9 @@ class TorchvisionDataModule(ImageClassificationData):
     """A torchvision classification dataset by name (`torch/<name>`), trained through the in-memory path.
 
     Args:
-        dataset: `torch/<name>`: mnist, fashionmnist, kmnist, cifar10, cifar100, svhn, stl10, food101, flowers102,
-            dtd, gtsrb, eurosat; or `torch/<ClassName>` of any other torchvision dataset taking `train=` or `split=`.
+        dataset: `torch/<name>`: timm's names (mnist, fashion_mnist, kmnist, qmnist, cifar10, cifar100, inaturalist,
+            places365, imagenet, image_folder) and svhn, stl10, food101, flowers102, dtd, gtsrb, eurosat; or
+            `torch/<ClassName>` of any other torchvision dataset taking `train=` or `split=`.
         img_size: training resolution; None: the dataset's own size (28 MNIST, 32 CIFAR/SVHN, 96 STL10). Images of
             other sizes are resized (shorter side) and centre-cropped once, when decoded.
         to_rgb: replicate a grayscale dataset to 3 channels instead of training on 1.
@@ -114,14 +163,8 @@ class TorchvisionDataModule(ImageClassificationData):
         random_erasing: float = 0.0,
     ):
         super().__init__(batch_size, num_workers=0, in_memory=True, eval_batch_size=eval_batch_size)
-        if not dataset.startswith("torch/"):
-            raise ValueError(f"dataset={dataset!r}: torchvision datasets are named torch/<name>, e.g. torch/mnist")
-        name = dataset.split("/", 1)[1]
-        cls_name, splits = KNOWN.get(name.lower(), (name, None))
-        cls = getattr(datasets, cls_name, None)
-        if cls is None or not isinstance(cls, type):
-            raise ValueError(f"dataset={dataset!r}: torchvision.datasets has no {cls_name}; known: {sorted(KNOWN)}")
-        self.name, self.root = name.lower(), Path(root)
+        self.name, cls, splits = resolve(dataset)
+        self.root = Path(root)
         train_ds, val_ds = (self._open(cls, kwargs, download) for kwargs in (splits or SPLIT_BY_TRAIN))
         train_x, val_x = self._decode(train_ds, img_size), self._decode(val_ds, img_size)
         if not to_rgb and train_x.shape[1] == 1:
@@ -131,8 +174,11 @@ class TorchvisionDataModule(ImageClassificationData):
             self.in_chans = 3
         self.img_size = train_x.shape[-1]
         train_y, val_y = _targets(train_ds), _targets(val_ds)
-        classes = getattr(train_ds, "classes", None) or [str(i) for i in range(int(train_y.max()) + 1)]
-        self.class_names, self.num_classes = [str(c) for c in classes], len(classes)
+        classes = getattr(train_ds, "classes", None) or getattr(train_ds, "all_categories", None)
+        classes = classes or [str(i) for i in range(int(train_y.max()) + 1)]
+        # ImageNet's classes are tuples of synonyms: the first names the class
+        self.class_names = [str(c[0] if isinstance(c, tuple) else c) for c in classes]
+        self.num_classes = len(classes)
         self.mean, self.std = self._stats(train_x)
         self.memory = {"train": (train_x, train_y), "val": (val_x, val_y)}
         self.crop_padding, self.hflip, self.erasing = crop_padding, hflip, random_erasing
@@ -143,6 +189,14 @@ class TorchvisionDataModule(ImageClassificationData):
 
     def _open(self, cls, kwargs: dict, download: bool):
         try:
+            if cls is datasets.ImageFolder:  # timm's torch/image_folder: root/train/<class>/*, root/val/<class>/*
+                names = TRAIN_DIRS if kwargs.get("train") else VAL_DIRS
+                folder = next((self.root / d for d in names if (self.root / d).is_dir()), None)
+                if folder is None:
+                    raise DataError(f"torch/{self.name}: {self.root}/ has none of the folders {list(names)}")
+                return cls(str(folder))
+            if cls.__name__ in NO_DOWNLOAD:
+                return cls(str(self.root), **kwargs)
             return cls(str(self.root), download=download, **kwargs)
         except (OSError, RuntimeError) as e:  # URLError is an OSError; torchvision raises RuntimeError if absent
             reason = " ".join((str(getattr(e, "reason", "") or e)).split())[:120]
@@ -155,8 +209,8 @@ class TorchvisionDataModule(ImageClassificationData):
         try:
             x = _uint8_images(ds)
         except TypeError:  # file-backed: decode every image once, in threads, at img_size
-            paths = [str(p) for p in getattr(ds, "_image_files", [])] or None
-            if paths is None or img_size is None:
+            paths = _files(ds)[0]
+            if not paths or img_size is None:
                 raise ValueError(f"dataset=torch/{self.name}: give --data.init_args.img_size") from None
             images, bad = decode_images(paths, img_size)
             if bad:
