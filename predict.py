@@ -5,7 +5,7 @@ The same command is installed as `vit-predict`.
 
 import sys
 
-from vit.predict import main
+from vit.commands.predict import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,7 +9,7 @@ python train.py --help
 
 import sys
 
-from vit.cli import main, normalize_args, run  # noqa: F401  (tests and scripts call train.main(args))
+from vit.commands.train import main, normalize_args, run  # noqa: F401  (tests and scripts call train.main(args))
 
 if __name__ == "__main__":
     sys.exit(run())

@@ -1,4 +1,5 @@
 import os
+from types import SimpleNamespace
 
 import matplotlib
 import pytest
@@ -32,3 +33,22 @@ def in_tmp(tmp_path, monkeypatch):
     """Run in an empty folder, so logs/ and checkpoints/ of a test never touch the repository."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+SMOKE = os.path.join(ROOT, "configs", "smoke.yaml")
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """One smoke fit for the whole session (configs/smoke.yaml: 2 epochs of 4 digit batches, attention maps every
+    epoch): `.root`, the folder it ran in (checkpoints/smoke/version_0/, logs/smoke/version_0/), and `.cli`, the
+    LightningCLI. Read them, never write into them: tests that change a run train their own."""
+    root = tmp_path_factory.mktemp("smoke_run")
+    cli = fit_in(root, ["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false"])
+    return SimpleNamespace(root=root, cli=cli)
+
+
+@pytest.fixture(scope="session")
+def smoke_ckpt(smoke_run):
+    """last.ckpt of the shared smoke run."""
+    return smoke_run.root / "checkpoints" / "smoke" / "version_0" / "last.ckpt"

@@ -14,7 +14,6 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import fit_in
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -31,11 +30,9 @@ IMAGE_TAGS = ["attention/rollout", "attention/query_patch", "attention/mean_dist
 
 
 @pytest.fixture(scope="module")
-def smoke_logs(tmp_path_factory):
-    """One smoke fit (2 epochs) with the callback on, as every config has it."""
-    root = tmp_path_factory.mktemp("run")
-    fit_in(root, ["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false"])
-    return root / "logs" / "smoke" / "version_0"
+def smoke_logs(smoke_run):
+    """The shared smoke fit (2 epochs) with the callback on, as every config has it."""
+    return smoke_run.root / "logs" / "smoke" / "version_0"
 
 
 def test_event_files_hold_attention_images_and_scalars_for_each_epoch(smoke_logs):

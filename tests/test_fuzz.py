@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from vit.data import describe, read_image
+from vit.images import describe, read_image
 from vit.model import VisionTransformer
 
 

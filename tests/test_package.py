@@ -72,3 +72,60 @@ def test_vit_train_runs_a_smoke_fit_from_another_folder(venv, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "checkpoints" / "smoke" / "version_0" / "last.ckpt").is_file()
     assert "best val/acc" in run.stdout
+
+
+def _imports_inside_vit() -> dict[str, set[str]]:
+    """module -> the vit modules it imports, at module level or inside functions (both run eventually)."""
+    import ast
+
+    pkg = ROOT / "vit"
+    mods = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p for p in pkg.rglob("*.py")}
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            # `from vit import x` names module vit.x; `from vit.x import f` names vit.x
+            edges[name] |= {t for t in targets if t in mods and t not in (name, "vit")}
+    return edges
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(m: str, path: list[str]) -> list[str] | None:
+        state[m] = 1
+        for n in sorted(edges[m]):
+            if state.get(n) == 1:
+                return path[path.index(n) :] + [m, n] if n in path else [m, n]
+            if n not in state and (found := visit(n, path + [m])):
+                return found
+        state[m] = 2
+        return None
+
+    for m in sorted(edges):
+        if m not in state and (found := visit(m, [])):
+            return found
+    return None
+
+
+def test_no_import_cycle_inside_vit():
+    edges = _imports_inside_vit()
+    assert len(edges) > 20 and "vit.commands.predict" in edges  # the walk found the package and its commands
+    assert _cycle(edges) is None, " -> ".join(_cycle(edges))
+    # the check itself finds a cycle when there is one
+    assert _cycle({**edges, "vit.model": edges["vit.model"] | {"vit.predict"}}) is not None
+
+
+def test_commands_sit_above_the_functions_they_call():
+    """Only vit/commands/ holds command lines: no module below imports a command or argparse."""
+    edges = _imports_inside_vit()
+    for name, targets in edges.items():
+        if not name.startswith("vit.commands"):
+            assert not {t for t in targets if t.startswith("vit.commands")}, name
+    below = [p for p in (ROOT / "vit").glob("*.py") if "import argparse" in p.read_text()]
+    assert below == [], below

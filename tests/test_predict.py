@@ -12,24 +12,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import fit_in
 from PIL import Image
 
 from vit.checkpoint import load_model
+from vit.commands.predict import main
 from vit.data import DigitsDataModule
-from vit.predict import expand_inputs, main
+from vit.images import expand_inputs
 
 SMOKE = str(Path(__file__).parent.parent / "configs" / "smoke.yaml")
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("run")
-    fit_in(
-        root,
-        ["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false", "--attention_maps.every_n_epochs", "100"],
-    )
-    return root / "checkpoints" / "smoke" / "version_0" / "last.ckpt"
+def ckpt(smoke_ckpt) -> Path:
+    return smoke_ckpt
 
 
 def _png_chunk(kind: bytes, data: bytes) -> bytes:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import train
-from vit import attention_maps, export, faithfulness, predict, streaming
+from vit.commands import attention, export, predict, streaming
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -45,15 +45,12 @@ def train_argv(words: list[str]) -> list[str] | None:
 
 
 PARSERS = {  # longest prefixes first: the first match parses
-    ("vit-attention", "faithfulness"): faithfulness.build_parser,
-    ("python", "-m", "vit.attention_maps", "faithfulness"): faithfulness.build_parser,
+    ("vit-attention", "faithfulness"): attention.build_faithfulness_parser,
     ("vit-predict",): predict.build_parser,
     ("python", "predict.py"): predict.build_parser,
     ("vit-export",): export.build_parser,
-    ("python", "-m", "vit.export"): export.build_parser,
-    ("vit-attention",): attention_maps.build_parser,
-    ("python", "-m", "vit.attention_maps"): attention_maps.build_parser,
-    ("python", "-m", "vit.streaming"): streaming.build_parser,
+    ("vit-attention",): attention.build_parser,
+    ("python", "-m", "vit.commands.streaming"): streaming.build_parser,
 }
 
 

@@ -1,6 +1,5 @@
 """Class-specific relevance and the faithfulness measure."""
 
-from pathlib import Path
 
 import pytest
 import torch
@@ -144,24 +143,15 @@ def test_curves_start_at_the_image_and_end_at_the_baseline():
     assert d.shape == (3, 17) and torch.allclose(auc(torch.ones(2, 5)), torch.ones(2))
 
 
-def test_the_faithfulness_command_prints_the_table_as_json(tmp_path, capsys):
-    """`python -m vit.attention_maps faithfulness --ckpt CKPT DIR --json`: every map, both curves, areas in [0, 1]."""
+def test_the_faithfulness_command_prints_the_table_as_json(smoke_ckpt, tmp_path, capsys):
+    """`vit-attention faithfulness --ckpt CKPT DIR --json`: every map, both curves, areas in [0, 1]."""
     import json
 
     from PIL import Image
 
-    import train
-    from vit.attention_maps import main
+    from vit.commands.attention import main
 
-    cwd = Path.cwd()
-    try:
-        import os
-
-        os.chdir(tmp_path)
-        train.main(["--config", "configs/smoke.yaml", "--trainer.enable_progress_bar=false"])
-    finally:
-        os.chdir(cwd)
-    ckpt = tmp_path / "checkpoints" / "smoke" / "version_0" / "last.ckpt"
+    ckpt = smoke_ckpt
     (tmp_path / "imgs").mkdir()
     for i in range(6):
         Image.fromarray((torch.rand(32, 32, 3) * 255).byte().numpy()).save(tmp_path / "imgs" / f"{i}.png")

@@ -10,7 +10,8 @@ from PIL import Image
 
 pytest.importorskip("litdata")
 
-from vit.streaming import StreamingDataModule, main  # noqa: E402
+from vit.commands.streaming import main  # noqa: E402
+from vit.streaming import StreamingDataModule  # noqa: E402
 
 N_PER_CLASS = 10
 
@@ -77,5 +78,5 @@ def test_each_image_once_per_epoch_across_two_ddp_ranks(tmp_path):
 def test_a_missing_chunk_folder_is_one_line(tmp_path):
     from vit.data import DataError
 
-    with pytest.raises(DataError, match="python -m vit.streaming optimize"):
+    with pytest.raises(DataError, match="python -m vit.commands.streaming optimize"):
         StreamingDataModule(str(tmp_path / "nothing"))

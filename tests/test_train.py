@@ -30,8 +30,8 @@ def test_every_config_parses(config, capsys):
     assert re.search(r"class_path: vit\.(data|datasets|streaming)\.", printed) and "model:" in printed
 
 
-def test_smoke_fit_writes_a_checkpoint_that_loads_back(in_tmp):
-    cli = train.main(["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false"])
+def test_smoke_fit_writes_a_checkpoint_that_loads_back(smoke_run):
+    cli, in_tmp = smoke_run.cli, smoke_run.root
     ckpt_dir = in_tmp / "checkpoints" / "smoke" / "version_0"
     last = ckpt_dir / "last.ckpt"
     assert last.is_file() and list(ckpt_dir.glob("best-epoch*.ckpt"))

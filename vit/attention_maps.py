@@ -5,21 +5,14 @@
     rel, logits, attns = relevance(model, images)            # class-specific (Chefer et al.), predicted class
     picture = overlay(denormalize(images, mean, std)[0], rel[0])                                  # (3, H, W)
 
-Also commands: PNG overlays for image files, and the faithfulness table (vit/faithfulness.py):
-
-    python -m vit.attention_maps --ckpt checkpoints/digits/version_0/last.ckpt --out maps/ img1.png img2.png
-    python -m vit.attention_maps faithfulness --ckpt checkpoints/digits/version_0/last.ckpt images/ --json
+The command that writes them for image files, `vit-attention`, is vit/commands/attention.py.
 """
-
-import argparse
-import sys
-from pathlib import Path
 
 import matplotlib
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torchvision.utils import make_grid, save_image
+from torchvision.utils import make_grid
 
 from vit.model import Attention, VisionTransformer
 
@@ -287,54 +280,3 @@ class MeanDistancePlot:
             self.ax.draw_artist(points)
         rgba = np.asarray(self.canvas.buffer_rgba())  # (H, W, 4)
         return torch.from_numpy(rgba[..., :3].copy()).permute(2, 0, 1)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command line (the README's commands are checked against it)."""
-    ap = argparse.ArgumentParser(prog="vit-attention", description=main.__doc__)
-    ap.add_argument("--ckpt", required=True, help="a checkpoint written by train.py")
-    ap.add_argument("--out", required=True, help="folder for the PNGs (created)")
-    ap.add_argument("--size", type=int, default=128, help="display size of each tile in pixels")
-    ap.add_argument("images", nargs="+", help="image files")
-    return ap
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Write `<stem>_attention.png` per image: the image above its rollout overlay, and the per-head maps.
-    `faithfulness ...` as the first argument: the deletion/insertion table of vit.faithfulness instead."""
-    from vit.checkpoint import load_model_or_report
-    from vit.data import describe, eval_transform, read_image
-
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["faithfulness"]:
-        from vit.faithfulness import main as faithfulness_main
-
-        return faithfulness_main(argv[1:])
-    args = build_parser().parse_args(argv)
-    loaded = load_model_or_report(args.ckpt)
-    if loaded is None:
-        return 2
-    model, hp = loaded
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tf = eval_transform(hp["img_size"], hp["mean"], hp["std"])
-    failed = 0
-    for path in args.images:
-        try:
-            x = tf(read_image(path))[None]
-        except Exception as e:  # one unreadable image must not stop the others
-            print(f"{path}: skipped: {describe(e)}", file=sys.stderr)
-            failed += 1
-            continue
-        panels = attention_panels(model, x, hp["mean"], hp["std"], display_size=args.size)
-        names = hp.get("class_names") or [str(i) for i in range(model.num_classes)]
-        prob, idx = panels["logits"].softmax(-1)[0].max(-1)
-        target = out / f"{Path(path).stem}_attention.png"
-        save_image(panels["rollout"], target)
-        save_image(panels["layers"][-1], out / f"{Path(path).stem}_heads_last_block.png")
-        print(f"{target}  predicted {names[idx]} ({prob:.2f})")
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,17 +8,14 @@ preprocess an image the way training did: `num_classes`, `class_names`, `img_siz
 import logging
 import os
 import time
-import warnings
 from functools import partial
 from pathlib import Path
 from typing import Literal
 
 import lightning as L
-import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
-from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision import datasets
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
@@ -26,6 +23,7 @@ from torchvision.transforms import v2
 
 from vit.augment import BatchAutoAugment
 from vit.device_data import DeviceBatches
+from vit.images import describe, eval_geometry, load_image, read_image
 
 log = logging.getLogger(__name__)
 AutoAugment = Literal["none", "randaugment", "trivialaugment", "autoaugment"]
@@ -47,22 +45,6 @@ class DataError(ValueError):
     """Data that cannot be used: missing, unreadable or inconsistent. The message names the path or field."""
 
 
-def load_image(path: str | Path) -> Image.Image:
-    """Open any image as 8-bit RGB: grayscale, palette, RGBA (composited on white), CMYK and 16-bit included."""
-    img = Image.open(path)
-    img.load()
-    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
-        # 16/32-bit integer grayscale: PIL's convert('L') clips instead of scaling, so scale by the type's range.
-        arr = np.asarray(img, dtype=np.float64)
-        top = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0
-        img = Image.fromarray(np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8))
-    if img.mode == "P" or img.mode in ("RGBA", "LA", "PA"):
-        img = img.convert("RGBA")
-        background = Image.new("RGBA", img.size, (255, 255, 255, 255))
-        img = Image.alpha_composite(background, img)
-    return img.convert("RGB")
-
-
 def augment_policy(name: AutoAugment, autoaugment_policy=v2.AutoAugmentPolicy.IMAGENET) -> v2.Transform | None:
     """The torchvision policy for a config name ('none' -> None); works on PIL images and uint8 tensors."""
     policies = {
@@ -75,28 +57,6 @@ def augment_policy(name: AutoAugment, autoaugment_policy=v2.AutoAugmentPolicy.IM
     if name not in policies:
         raise ValueError(f"auto_augment={name!r} is not one of {['none', *policies]}")
     return policies[name]()
-
-
-def read_image(path: str | Path) -> Image.Image:
-    """load_image, with PIL's decompression-bomb warning (huge declared size) raised as an error."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
-        return load_image(path)
-
-
-def describe(e: BaseException) -> str:
-    """A short reason for a failed image."""
-    if isinstance(e, FileNotFoundError):
-        return "no such file"
-    if isinstance(e, IsADirectoryError):
-        return "is a folder"
-    if isinstance(e, PermissionError):
-        return "permission denied"
-    if isinstance(e, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
-        return f"refused: declared size too large (decompression bomb?): {e}".split(". ")[0]
-    if isinstance(e, Image.UnidentifiedImageError):
-        return "not an image (or an empty file)"
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 def train_transform(
@@ -131,11 +91,6 @@ def batch_policy(name: AutoAugment, autoaugment_policy: str = "imagenet") -> Bat
         return None
     augment_policy(name)  # the same one-line error for an unknown name
     return BatchAutoAugment(f"autoaugment_{autoaugment_policy}" if name == "autoaugment" else name)
-
-
-def eval_geometry(img_size: int) -> v2.Compose:
-    """Shorter side to img_size, centre crop: PIL image -> uint8 (C, img_size, img_size) tensor."""
-    return v2.Compose([v2.ToImage(), v2.Resize(img_size, antialias=True), v2.CenterCrop(img_size)])
 
 
 def eval_transform(img_size: int, mean, std) -> v2.Compose:

@@ -1,20 +1,16 @@
-"""Export a trained model to ONNX or TorchScript, batch dimension dynamic.
+"""Export a model to ONNX or TorchScript, batch dimension dynamic, and describe how to feed it.
 
-    python -m vit.export --ckpt checkpoints/digits/version_0/last.ckpt --format onnx --out vit.onnx
+    export(model, "onnx", "vit.onnx", img_size=32)     # the graph: (B, C, S, S) float32 -> (B, num_classes) logits
+    sidecar(hparams)                                  # img_size, mean, std, class_names, the preprocessing steps
 
-The graph holds the model alone: input (B, 3, img_size, img_size) float32, already resized and normalised;
-output (B, num_classes) logits. A `<out>.json` beside it records img_size, mean, std and class_names, which is all
-another runtime needs to feed it.
+The command is vit/commands/export.py (`vit-export`).
 """
 
-import argparse
-import json
-import sys
 from pathlib import Path
 
 import torch
 
-from vit.checkpoint import load_model_or_report
+from vit.images import preprocess_spec
 
 
 def export(
@@ -47,37 +43,19 @@ def export(
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line (the README's commands are checked against it)."""
-    ap = argparse.ArgumentParser(
-        prog="vit-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--ckpt", required=True)
-    ap.add_argument("--format", choices=("onnx", "torchscript"), required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--opset", type=int, default=18, help="ONNX opset (>= 14 for attention; default 18)")
-    return ap
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    loaded = load_model_or_report(args.ckpt)
-    if loaded is None:
-        return 2
-    model, hp = loaded
-    out = export(model, args.format, args.out, hp["img_size"], hp.get("in_chans", 3), args.opset)
-    meta = {
+def sidecar(hparams: dict) -> dict:
+    """What `<out>.json` holds beside an exported model: the input's name and shape, the preprocessing facts under the
+    names the README uses (img_size, in_chans, mean, std, class_names), and every step from an image file to the
+    input tensor (vit.images.preprocess_spec), so that a runtime without this toolkit gives vit-predict's answers."""
+    img_size, in_chans = hparams["img_size"], hparams.get("in_chans", 3)
+    return {
         "input": "images",
-        "shape": ["B", hp.get("in_chans", 3), hp["img_size"], hp["img_size"]],
-        "mean": hp["mean"],
-        "std": hp["std"],
-        "class_names": hp.get("class_names"),
-        "preprocess": "RGB, resize shorter side to img_size (bilinear, antialias), centre crop, /255, (x - mean) / std",
+        "output": "logits",
+        "shape": ["B", in_chans, img_size, img_size],
+        "img_size": img_size,
+        "in_chans": in_chans,
+        "mean": list(hparams["mean"]),
+        "std": list(hparams["std"]),
+        "class_names": hparams.get("class_names"),
+        "preprocess": preprocess_spec(img_size, in_chans, hparams["mean"], hparams["std"]),
     }
-    Path(f"{out}.json").write_text(json.dumps(meta, indent=2) + "\n")
-    print(f"wrote {out} and {out}.json")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,13 +7,8 @@ order; the probability should rise fast (high area). Five orders are compared: c
 rollout, the last block's attention, a centre prior, and random.
 
     scores = faithfulness(model, images)          # {"relevance": {"deletion": AUC, "insertion": AUC}, ...}
-    python -m vit.attention_maps faithfulness --ckpt CKPT DIR [--json]
+    vit-attention faithfulness --ckpt CKPT DIR [--json]   # vit/commands/attention.py
 """
-
-import argparse
-import json
-import sys
-from pathlib import Path
 
 import torch
 
@@ -96,51 +91,3 @@ def faithfulness(model: VisionTransformer, x: torch.Tensor, batch: int = 128, se
             for mode in ("deletion", "insertion"):
                 sums[name][mode] += auc(curves(model, xb, scores[name], classes, mode)).sum().item()
     return {m: {k: v / len(x) for k, v in d.items()} for m, d in sums.items()}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command line (the README's commands are checked against it)."""
-    ap = argparse.ArgumentParser(prog="python -m vit.attention_maps faithfulness", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ckpt", required=True, help="a checkpoint written by train.py")
-    ap.add_argument("folder", help="images (searched recursively)")
-    ap.add_argument("--limit", type=int, default=500, help="at most this many images (sorted by path)")
-    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    return ap
-
-
-def main(argv: list[str] | None = None) -> int:
-    from vit.checkpoint import load_model_or_report
-    from vit.data import describe, eval_transform, read_image
-    from vit.predict import expand_inputs
-
-    args = build_parser().parse_args(argv)
-    loaded = load_model_or_report(args.ckpt)
-    if loaded is None:
-        return 2
-    model, hp = loaded
-    paths = expand_inputs([args.folder])[: args.limit]
-    if not paths or not Path(args.folder).exists():
-        print(f"error: {args.folder}: no images", file=sys.stderr)
-        return 2
-    tf = eval_transform(hp["img_size"], hp["mean"], hp["std"])
-    images = []
-    for p in paths:
-        try:
-            x = tf(read_image(p))
-        except Exception as e:  # an unreadable file is skipped, as in predict
-            print(f"{p}: skipped: {describe(e)}", file=sys.stderr)
-            continue
-        images.append(x[: hp.get("in_chans", 3)])
-    result = faithfulness(model, torch.stack(images))
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(f"{len(images)} images; deletion: lower is better, insertion: higher is better")
-        print(f"{'map':12s} {'deletion':>9s} {'insertion':>9s}")
-        for name, r in result.items():
-            print(f"{name:12s} {r['deletion']:9.4f} {r['insertion']:9.4f}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

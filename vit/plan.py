@@ -9,8 +9,8 @@ beyond a few timed training steps of the candidate models (this machine's speed)
     print(plan.table())                         # what was measured, what was chosen, why
     plan.overrides                              # {"model.arch.embed_dim": 96, "trainer.max_epochs": 40, ...}
 
-`vit-train fit --data.root PATH [--budget 5min]` plans this way (vit/cli.py), prints the table, and saves the full
-config as <run>/plan.yaml; anything given on the command line or in a config file wins over the plan. The
+`vit-train fit --data.root PATH [--budget 5min]` plans this way (vit/commands/train.py), prints the table, and saves
+the full config as <run>/plan.yaml; anything given on the command line or in a config file wins over the plan. The
 measurements behind each rule are in docs/recipes.md.
 """
 

@@ -3,8 +3,8 @@
     vit-train fit --data.root PATH                   # configs/folder.yaml: plan: true
     vit-train fit --data.root PATH --budget 5min     # model and epochs chosen to finish in 5 minutes, start to exit
 
-vit/cli.py calls `apply_plan` before anything is built (the folder is decoded once, at the planned size), adds the
-`FitBudget` callback, and writes <run>/plan.yaml: the complete config, `plan: false`, so that
+vit/commands/train.py calls `apply_plan` before anything is built (the folder is decoded once, at the planned size),
+adds the `FitBudget` callback, and writes <run>/plan.yaml: the complete config, `plan: false`, so that
 `vit-train fit --config <run>/plan.yaml` trains the same run again without planning.
 """
 

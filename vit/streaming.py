@@ -1,7 +1,7 @@
 """Datasets larger than one machine's memory: an image folder converted once to litdata's chunks (local or object
 storage), then streamed with per-rank sharding under DDP.
 
-    python -m vit.streaming optimize path/to/images chunks/          # root/train/<class>/*, root/val/<class>/*
+    python -m vit.commands.streaming optimize path/to/images chunks/          # root/train/<class>/*, root/val/<class>/*
     python train.py --config configs/streaming.yaml --data.init_args.input_dir chunks/
 
 (`input_dir` may be `s3://bucket/prefix` once the chunks are uploaded there: litdata reads object storage and keeps a
@@ -11,15 +11,14 @@ path of vit.data. Each rank reads its own share of the chunks: every image once 
 2-process DDP). litdata shuffles by chunk, then within a window, not globally (litdata issue 797).
 """
 
-import argparse
 import io
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-from vit.data import IMG_EXTENSIONS, ImageClassificationData, eval_transform, find_classes, load_image, train_transform
+from vit.data import IMG_EXTENSIONS, ImageClassificationData, eval_transform, find_classes, train_transform
+from vit.images import load_image
 
 META = "vit_meta.json"  # class names and the training images' mean/std, written beside the chunks
 
@@ -76,7 +75,7 @@ class _Decode:
 
 
 class StreamingDataModule(ImageClassificationData):
-    """Stream litdata chunks written by `python -m vit.streaming optimize` (local folder or object storage).
+    """Stream litdata chunks written by `python -m vit.commands.streaming optimize` (local folder or object storage).
 
     Args:
         input_dir: the optimize output (holds train/, val/ and vit_meta.json).
@@ -101,7 +100,9 @@ class StreamingDataModule(ImageClassificationData):
         if "://" not in meta_path and not Path(meta_path).is_file():
             from vit.data import DataError
 
-            raise DataError(f"{meta_path}: not found; write the chunks with: python -m vit.streaming optimize ROOT OUT")
+            raise DataError(
+                f"{meta_path}: not found; write the chunks with: python -m vit.commands.streaming optimize ROOT OUT"
+            )
         meta = json.loads(Path(meta_path).read_text()) if "://" not in meta_path else self._remote_meta(meta_path)
         self.class_names, self.num_classes = meta["class_names"], len(meta["class_names"])
         self.mean, self.std = tuple(meta["mean"]), tuple(meta["std"])
@@ -140,26 +141,3 @@ class StreamingDataModule(ImageClassificationData):
 
     def test_dataloader(self):
         return self.val_dataloader()
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command line (the README's commands are checked against it)."""
-    ap = argparse.ArgumentParser(prog="python -m vit.streaming", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="command", required=True)
-    opt = sub.add_parser("optimize", help="convert root/train and root/val to litdata chunks")
-    opt.add_argument("root")
-    opt.add_argument("output_dir")
-    opt.add_argument("--num-workers", type=int, default=1)
-    opt.add_argument("--chunk-bytes", default="64MB")
-    return ap
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    meta = optimize_folder(args.root, args.output_dir, args.num_workers, args.chunk_bytes)
-    print(f"wrote {args.output_dir}/train, {args.output_dir}/val and {META}: {len(meta['class_names'])} classes")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -215,8 +215,8 @@ def packaged_config(path: str) -> Path:
     if p.exists():
         return p
     rel = Path(*p.parts[1:]) if p.parts and p.parts[0] == "configs" else p
-    here = Path(__file__).resolve().parent
-    for root in (here / "configs", here.parent / "configs"):
+    package = Path(__file__).resolve().parent.parent  # vit/
+    for root in (package / "configs", package.parent / "configs"):
         if (root / rel).is_file():
             return root / rel
     return p  # jsonargparse reports the missing file

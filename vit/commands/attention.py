@@ -1,0 +1,101 @@
+"""`vit-attention`: where a trained model looks, for image files; and how faithful each map is.
+
+    vit-attention --ckpt checkpoints/digits/version_0/last.ckpt --out maps/ img1.png img2.png
+    vit-attention faithfulness --ckpt checkpoints/digits/version_0/last.ckpt images/ --json
+
+The first writes `<stem>_attention.png` per image (the image above its rollout overlay) and the per-head maps of the
+last block (vit.attention_maps); `faithfulness` prints the deletion/insertion table of vit.faithfulness.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torchvision.utils import save_image
+
+from vit.attention_maps import attention_panels
+from vit.checkpoint import load_model_or_report
+from vit.data import eval_transform
+from vit.faithfulness import faithfulness
+from vit.images import expand_inputs, read_or_report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (the README's commands are checked against it)."""
+    ap = argparse.ArgumentParser(prog="vit-attention", description=maps_main.__doc__)
+    ap.add_argument("--ckpt", required=True, help="a checkpoint written by train.py")
+    ap.add_argument("--out", required=True, help="folder for the PNGs (created)")
+    ap.add_argument("--size", type=int, default=128, help="display size of each tile in pixels")
+    ap.add_argument("images", nargs="+", help="image files")
+    return ap
+
+
+def build_faithfulness_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="vit-attention faithfulness", description=faithfulness_main.__doc__)
+    ap.add_argument("--ckpt", required=True, help="a checkpoint written by train.py")
+    ap.add_argument("folder", help="images (searched recursively)")
+    ap.add_argument("--limit", type=int, default=500, help="at most this many images (sorted by path)")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return ap
+
+
+def maps_main(argv: list[str]) -> int:
+    """Write `<stem>_attention.png` per image: the image above its rollout overlay, and the per-head maps."""
+    args = build_parser().parse_args(argv)
+    loaded = load_model_or_report(args.ckpt)
+    if loaded is None:
+        return 2
+    model, hp = loaded
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tf = eval_transform(hp["img_size"], hp["mean"], hp["std"])
+    names = hp.get("class_names") or [str(i) for i in range(model.num_classes)]
+    done = 0
+    for path, x in read_or_report(args.images, tf, hp["in_chans"]):
+        panels = attention_panels(model, x[None], hp["mean"], hp["std"], display_size=args.size)
+        prob, idx = panels["logits"].softmax(-1)[0].max(-1)
+        target = out / f"{Path(path).stem}_attention.png"
+        save_image(panels["rollout"], target)
+        save_image(panels["layers"][-1], out / f"{Path(path).stem}_heads_last_block.png")
+        print(f"{target}  predicted {names[idx]} ({prob:.2f})")
+        done += 1
+    return 0 if done == len(args.images) else 1
+
+
+def faithfulness_main(argv: list[str]) -> int:
+    """Deletion and insertion AUC of five patch orders (relevance, rollout, last block, centre, random) over a folder
+    of images: which map finds what the decision rests on."""
+    args = build_faithfulness_parser().parse_args(argv)
+    loaded = load_model_or_report(args.ckpt)
+    if loaded is None:
+        return 2
+    model, hp = loaded
+    paths = expand_inputs([args.folder])[: args.limit]
+    if not paths or not Path(args.folder).exists():
+        print(f"error: {args.folder}: no images", file=sys.stderr)
+        return 2
+    tf = eval_transform(hp["img_size"], hp["mean"], hp["std"])
+    images = [x for _, x in read_or_report(paths, tf, hp["in_chans"])]
+    result = faithfulness(model, torch.stack(images))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{len(images)} images; deletion: lower is better, insertion: higher is better")
+        print(f"{'map':12s} {'deletion':>9s} {'insertion':>9s}")
+        for name, r in result.items():
+            print(f"{name:12s} {r['deletion']:9.4f} {r['insertion']:9.4f}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`faithfulness ...` as the first argument: the faithfulness table; otherwise overlays for image files."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["faithfulness"]:
+        return faithfulness_main(argv[1:])
+    return maps_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""`vit-export`: a trained model as ONNX or TorchScript, batch dimension dynamic, with its preprocessing beside it.
+
+    vit-export --ckpt checkpoints/digits/version_0/last.ckpt --format onnx --out vit.onnx
+
+The graph holds the model alone: input `images` (B, in_chans, img_size, img_size) float32, already preprocessed;
+output `logits` (B, num_classes). `<out>.json` beside it holds img_size, in_chans, mean, std, class_names and every
+preprocessing step from an image file to that input (vit.images.preprocess_spec): what another runtime needs to feed
+it and get vit-predict's answers.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from vit.checkpoint import load_model_or_report
+from vit.export import export, sidecar
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (the README's commands are checked against it)."""
+    ap = argparse.ArgumentParser(
+        prog="vit-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--ckpt", required=True)
+    ap.add_argument("--format", choices=("onnx", "torchscript"), required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--opset", type=int, default=18, help="ONNX opset (>= 14 for attention; default 18)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    loaded = load_model_or_report(args.ckpt)
+    if loaded is None:
+        return 2
+    model, hp = loaded
+    out = export(model, args.format, args.out, hp["img_size"], hp["in_chans"], args.opset)
+    Path(f"{out}.json").write_text(json.dumps(sidecar(hp), indent=2) + "\n")
+    print(f"wrote {out} and {out}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
