@@ -1,6 +1,5 @@
 """Class-specific relevance and the faithfulness measure."""
 
-
 import pytest
 import torch
 

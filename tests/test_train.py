@@ -237,6 +237,8 @@ def test_bare_train_py_trains_cifar10_and_offline_says_where_to_put_it(in_tmp):
     if run.returncode == 1:
         assert last.startswith("error: cifar10 not found in data/ and not downloadable"), last
         assert "put cifar-10-python.tar.gz" in last and "make train" in last
+        # found before the Trainer is built: nothing of Lightning's (seed, devices, advertisements) comes before it
+        assert (run.stdout + run.stderr).strip().splitlines() == [last]
     else:
         assert "cifar" in (run.stdout + run.stderr).lower()
 
@@ -298,3 +300,44 @@ def test_max_time_warns_that_the_schedule_may_not_complete(monkeypatch):
     monkeypatch.setattr(L.Trainer, "estimated_stepping_batches", property(lambda self: 50))  # no data attached
     with pytest.warns(UserWarning, match="max_time can stop training before the learning-rate schedule"):
         module.configure_optimizers()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--trainer.logger", "false"],
+        ["--trainer.enable_checkpointing", "false"],
+        ["--trainer.logger", "false", "--trainer.enable_checkpointing", "false"],
+        ["--attention_maps.every_n_epochs", "0"],
+        ["--trainer.fast_dev_run", "true"],
+        ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"],
+    ],
+    ids=["no-logger", "no-checkpoints", "neither", "no-attention-maps", "fast-dev-run", "quiet"],
+)
+def test_documented_off_switches_train_and_leave_out_what_needs_them(flags, in_tmp, capsys):
+    """Each of Lightning's usual 'off' flags trains and exits normally; what depends on the switched-off part (the
+    learning-rate monitor and attention maps on the logger, the mid-epoch checkpoint on checkpointing) is left out,
+    and nothing lands in the working folder that the flags said not to write."""
+    train.main(["fit", "--config", SMOKE, *flags])
+    out = capsys.readouterr().out
+    written = {p.name for p in in_tmp.iterdir()}
+    ckpts = list(in_tmp.glob("checkpoints/**/*.ckpt"))
+    if "--trainer.logger" in flags:
+        assert "logs" not in written and "config.yaml" not in written  # no config.yaml dropped in the cwd either
+    if "--trainer.enable_checkpointing" in flags or "--trainer.fast_dev_run" in flags:
+        assert ckpts == [] and "val/acc" in out and "no checkpoint written" in out
+    else:
+        assert {p.name for p in ckpts} >= {"last.ckpt"} and "best val/acc" in out
+    if flags == ["--attention_maps.every_n_epochs", "0"] or flags[0] == "--trainer.enable_progress_bar":
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        ea = EventAccumulator(str(in_tmp / "logs" / "smoke" / "version_0"), size_guidance={"images": 0})
+        ea.Reload()
+        assert len(ea.Scalars("val/acc")) == 2
+        has_maps = any(t.startswith("attention/") for t in ea.Tags()["images"])
+        assert has_maps == (flags[0] != "--attention_maps.every_n_epochs")
+
+
+def test_an_off_switch_that_makes_no_sense_is_one_line(in_tmp):
+    with pytest.raises(SystemExit, match="every_n_epochs=-1 must be >= 0"):
+        train.main(["fit", "--config", SMOKE, "--attention_maps.every_n_epochs", "-1"])

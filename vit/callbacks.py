@@ -39,7 +39,8 @@ def add_png(writer: SummaryWriter, tag: str, image: torch.Tensor, step: int) -> 
 
 
 class AttentionMapCallback(L.Callback):
-    """Every `every_n_epochs` validation epochs, log where the model looks for a fixed set of validation images.
+    """Every `every_n_epochs` validation epochs (0: off), log where the model looks for a fixed set of validation
+    images.
 
     The same `num_images` images every time (the first of the validation set, chosen once), so change over
     training is visible. TensorBoard tags: `attention/rollout` (images over their rollout overlays),
@@ -64,8 +65,8 @@ class AttentionMapCallback(L.Callback):
     ):
         super().__init__()
         self.faithfulness_images = faithfulness_images
-        if every_n_epochs < 1:
-            raise ValueError(f"every_n_epochs={every_n_epochs} must be >= 1")
+        if every_n_epochs < 0:
+            raise ValueError(f"every_n_epochs={every_n_epochs} must be >= 0 (0: off)")
         if num_images < 1:
             raise ValueError(f"num_images={num_images} must be >= 1")
         self.every_n_epochs, self.num_images = every_n_epochs, num_images
@@ -104,7 +105,7 @@ class AttentionMapCallback(L.Callback):
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
-        if (trainer.current_epoch + 1) % self.every_n_epochs:
+        if self.every_n_epochs == 0 or (trainer.current_epoch + 1) % self.every_n_epochs:
             return
         tb = self._tensorboard(trainer)
         if tb is None:

@@ -283,6 +283,10 @@ class CIFARDataModule(ImageClassificationData):
         self.eval_tf = eval_transform(img_size, self.mean, self.std)
         self.crop_padding, self.hflip, self.erasing = crop_padding, hflip, random_erasing
         self.auto_augment = batch_policy(auto_augment, "cifar10")
+        # Find (or fetch) the files now, before a Trainer is built: a missing dataset is the run's first line. Under
+        # a multi-process launch only local rank 0 fetches; the others wait in prepare_data's barrier.
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+            self.prepare_data()
 
     def _open(self, train: bool, transform) -> datasets.CIFAR10:
         cls = datasets.CIFAR10 if self.dataset == "cifar10" else datasets.CIFAR100

@@ -11,6 +11,7 @@ every epoch, last-step.ckpt every `--checkpoint_every_n_steps` steps or else eve
 TensorBoard logs to logs/<run>/version_<n>/. Resuming (`--ckpt_path last`) continues in the same folders.
 """
 
+import logging
 import re
 import sys
 import time
@@ -19,8 +20,10 @@ from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
+import lightning as L
 import torch
 from jsonargparse import ArgumentError, set_parsing_settings
+from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
@@ -120,6 +123,13 @@ class ViTCLI(LightningCLI):
             except ValueError as e:
                 sys.exit(f"error: {e}")
 
+    def _set_seed(self) -> None:
+        # Seeded as LightningCLI does, but said after the data is built: a missing dataset is the first line printed.
+        key = f"{self.subcommand}.seed_everything" if self.subcommand else "seed_everything"
+        seed = self.config.get(key)
+        if seed is not False:
+            self.config[key] = seed_everything(None if seed is True else seed, workers=True, verbose=False)
+
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
@@ -127,7 +137,29 @@ class ViTCLI(LightningCLI):
             sys.exit(f"error: {root_cause(e)}")
 
     def instantiate_trainer(self, **kwargs):
+        seed = self.config.get(f"{self.subcommand}.seed_everything" if self.subcommand else "seed_everything")
+        if seed is not False:
+            rank_zero_info(f"Seed set to {seed}")
         return super().instantiate_trainer(plugins=[AtomicCheckpointIO()], **kwargs)
+
+    def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
+        """Leave out the callbacks whose need a flag turned off, as Lightning leaves out its own: with no logger the
+        learning-rate monitor, the attention maps and the saved config.yaml (it would land in the working folder);
+        with `enable_checkpointing false` every ModelCheckpoint; with `attention_maps.every_n_epochs 0` the maps."""
+        logger = config.get("logger")
+        no_logger = logger is False or logger is None or logger == []
+        keep = []
+        for cb in callbacks:
+            if no_logger and isinstance(cb, (LearningRateMonitor, AttentionMapCallback)):
+                continue
+            if config.get("enable_checkpointing") is False and isinstance(cb, ModelCheckpoint):
+                continue
+            if isinstance(cb, AttentionMapCallback) and cb.every_n_epochs == 0:
+                continue
+            keep.append(cb)
+        if no_logger:
+            self.save_config_callback = None
+        return super()._instantiate_trainer(config, keep)
 
     def before_fit(self) -> None:
         config = self.config[self.subcommand]
@@ -143,7 +175,8 @@ class ViTCLI(LightningCLI):
             every_n_train_steps=every,
             train_time_interval=None if every else timedelta(minutes=5),
         )
-        self.trainer.callbacks.append(step_ckpt)
+        if self.trainer.checkpoint_callbacks:  # none with --trainer.enable_checkpointing false
+            self.trainer.callbacks.append(step_ckpt)
         self._resume_in_place(config)
         if self.trainer.strategy.root_device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 matmuls for fp32 on Ampere and newer
@@ -159,15 +192,19 @@ class ViTCLI(LightningCLI):
     def _save_plan_and_keep_budget(self, logger) -> None:
         plan, deadline = self._plan
         parser, config = self._parser("fit"), self.config.fit
-        out = Path(logger.log_dir if logger else ".", "plan.yaml")
+        # Beside the logs; with no logger beside the checkpoints; with neither, printed only (nothing is written).
+        folder = logger.log_dir if logger else (self.trainer.checkpoint_callbacks or [None])[0]
+        folder = getattr(folder, "dirpath", folder)
+        out = Path(folder, "plan.yaml") if folder else None
 
         def save(max_epochs: int) -> None:
-            if self.trainer.is_global_zero:
+            if self.trainer.is_global_zero and out is not None:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(plan_yaml(parser, config, max_epochs, plan))
 
         save(self.trainer.max_epochs)
-        rank_zero_info(f"plan saved: {out} (vit-train fit --config {out} repeats this run)")
+        if out is not None:
+            rank_zero_info(f"plan saved: {out} (vit-train fit --config {out} repeats this run)")
         explicit = explicit_keys(self._argv, [str(p) for p in (config.get("config") or [])])
         if deadline is not None and not is_explicit("trainer.max_epochs", explicit):
             self.trainer.callbacks.append(FitBudget(deadline, cap=plan.cap, on_change=save))
@@ -191,13 +228,19 @@ class ViTCLI(LightningCLI):
             logger._version = int(match.group(1))  # before anything asks the logger for its folder
 
     def after_fit(self) -> None:
+        if not self.trainer.is_global_zero:
+            return
         cbs = self.trainer.checkpoint_callbacks
-        cb, last = next(c for c in cbs if c.monitor), next(c for c in cbs if c.monitor is None)
-        if self.trainer.is_global_zero and cb.best_model_path:
+        cb = next((c for c in cbs if c.monitor), None)
+        last = next((c for c in cbs if c.monitor is None and c.filename == "last"), None)
+        took = f"after {time.perf_counter() - self._start:.0f} s"
+        if cb is not None and cb.best_model_path:
             print(
-                f"\nbest val/acc {float(cb.best_model_score):.4f} after {time.perf_counter() - self._start:.0f} s"
-                f"\ncheckpoint: {cb.best_model_path}\nlast:       {last.best_model_path}"
+                f"\nbest val/acc {float(cb.best_model_score):.4f} {took}\ncheckpoint: {cb.best_model_path}"
+                + (f"\nlast:       {last.best_model_path}" if last is not None else "")
             )
+        elif (acc := self.trainer.callback_metrics.get("val/acc")) is not None:
+            print(f"\nval/acc {float(acc):.4f} (last epoch) {took}; no checkpoint written")
 
 
 def root_cause(e: BaseException) -> BaseException:
@@ -253,8 +296,21 @@ def moved_field_hint(message: str) -> str:
     return ""
 
 
+def quiet_lightning() -> None:
+    """Lightning's start-up advertisements ("💡 Tip: ... litlogger / litmodels") are not ours to print."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(getattr(f, "__name__", "") == "_no_tips" for f in logger.filters):
+            logger.addFilter(_no_tips)
+
+
+def _no_tips(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("💡")
+
+
 def main(args: Sequence[str] | None = None) -> ViTCLI:
     """Parse, train (or validate/test), print where the checkpoints are. Errors end in one line and exit 1."""
+    quiet_lightning()
     # `--help` shows each ViTConfig field's meaning: the docstring under its declaration in vit/model.py.
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     argv = normalize_args(sys.argv[1:] if args is None else args)
