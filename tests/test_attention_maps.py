@@ -6,6 +6,7 @@ import torch
 from PIL import Image
 
 from vit import attention_maps as am
+from vit.commands.attention import main as attention_main
 from vit.model import VisionTransformer
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, num_classes=5)
@@ -140,7 +141,7 @@ def test_command_writes_overlays_for_image_files(tmp_path):
     )
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (50, 70, 3), dtype=np.uint8)).save(tmp_path / "a.png")
     (tmp_path / "bad.png").write_bytes(b"not an image")
-    code = am.main(
+    code = attention_main(
         [
             "--ckpt",
             str(tmp_path / "m.ckpt"),

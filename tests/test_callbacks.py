@@ -152,8 +152,9 @@ def test_it_touches_no_training_step_hook():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="every_n_epochs=0"):
-        AttentionMapCallback(every_n_epochs=0)
+    with pytest.raises(ValueError, match="every_n_epochs=-1 must be >= 0"):
+        AttentionMapCallback(every_n_epochs=-1)
+    assert AttentionMapCallback(every_n_epochs=0).every_n_epochs == 0  # 0: off
 
 
 def test_add_png_writes_the_exact_pixels_as_a_tensorboard_image(tmp_path):

@@ -307,8 +307,10 @@ class CIFARDataModule(ImageClassificationData):
         return ds
 
     def prepare_data(self) -> None:
-        self._open(True, None)
-        self._open(False, None)
+        if not getattr(self, "_found", False):  # once: the constructor already looked on local rank 0
+            self._open(True, None)
+            self._open(False, None)
+            self._found = True
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
