@@ -1,0 +1,94 @@
+"""`vit-serve`: a checkpoint behind HTTP (LitServe), with a page to try it at `/`.
+
+    vit-serve --ckpt checkpoints/digits/version_0/last.ckpt              # http://127.0.0.1:8000/
+    curl -F file=@digit.png 'http://127.0.0.1:8000/predict?topk=3&map=relevance'
+
+POST /predict takes an image (multipart field `file`, or the raw bytes with an image/* content type) and answers the
+top-k classes with probabilities; `map=relevance` (or `rollout`) adds the map of the predicted class as a base64 PNG.
+GET /health, GET /info (classes, image size, architecture, checkpoint). Concurrent requests are batched on the device
+(`--max-batch-size`, `--batch-timeout`). Bad input gets a 4xx JSON `{"error": ...}` and the server goes on.
+"""
+
+import argparse
+import logging
+import sys
+from importlib import resources
+
+from vit.checkpoint import CheckpointError, load_model
+from vit.predict import pick_device
+
+PAGE = "index.html"  # vit/static/index.html, shipped in the package
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (the README's commands are checked against it)."""
+    ap = argparse.ArgumentParser(
+        prog="vit-serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--ckpt", required=True, help="checkpoint written by train.py (loaded as data, never as code)")
+    ap.add_argument("--host", default="127.0.0.1", choices=("127.0.0.1", "0.0.0.0", "::"), help="default 127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--max-batch-size", type=int, default=32, help="most requests in one forward (default 32)")
+    ap.add_argument(
+        "--batch-timeout", type=float, default=0.01, help="seconds to wait for a batch to fill (default 0.01)"
+    )
+    ap.add_argument("--workers", type=int, default=1, help="model workers per device (default 1)")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ap.add_argument("--max-body-mb", type=float, default=20.0, help="largest request body in MB (default 20)")
+    ap.add_argument(
+        "--max-pixels", type=int, default=40_000_000, help="largest image, width x height (default 40 million)"
+    )
+    ap.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    return ap
+
+
+def build_server(args: argparse.Namespace):
+    """The LitServer for parsed arguments: model worker, HTTP checks, the page at /. Raises CheckpointError."""
+    import litserve as ls
+    from fastapi.responses import HTMLResponse
+
+    from vit.serve import ImageRequests, ViTAPI, server_info
+
+    model, hparams = load_model(args.ckpt)  # refuses a pickle-carrying or broken checkpoint before anything starts
+    device = pick_device(args.device).type
+    api = ViTAPI(args.ckpt, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout)
+    checks = dict(
+        path="/predict",
+        img_size=hparams["img_size"],
+        in_chans=hparams["in_chans"],
+        num_classes=model.num_classes,
+        max_bytes=int(args.max_body_mb * 2**20),
+        max_pixels=args.max_pixels,
+    )
+    server = ls.LitServer(
+        api,
+        accelerator=device,
+        devices=1,
+        workers_per_device=args.workers,
+        model_metadata=server_info(args.ckpt, hparams),
+        middlewares=[(ImageRequests, checks)],
+    )
+    page = resources.files("vit").joinpath("static", PAGE).read_text()
+    # LitServe answers GET / with "litserve running": the page takes its place
+    server.app.router.routes = [r for r in server.app.router.routes if getattr(r, "path", None) != "/"]
+    server.app.add_api_route("/", lambda: HTMLResponse(page), methods=["GET"], include_in_schema=False)
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.max_batch_size < 1 or args.batch_timeout < 0 or args.workers < 1 or args.max_body_mb <= 0:
+        build_parser().error("--max-batch-size and --workers must be >= 1, --batch-timeout >= 0, --max-body-mb > 0")
+    try:
+        server = build_server(args)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    logging.getLogger("litserve").setLevel(args.log_level.upper())
+    print(f"vit-serve: http://{args.host}:{args.port}/ (POST /predict, GET /health, GET /info)", flush=True)
+    server.run(host=args.host, port=args.port, generate_client_file=False, log_level=args.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""Serving a checkpoint over HTTP with LitServe: the model side (`ViTAPI`, batched on the device) and the HTTP side
+(`ImageRequests`, which turns an uploaded image into the model's input or a 4xx answer). The command is
+vit/commands/serve.py (`vit-serve`); the page it serves at `/` is vit/static/index.html.
+
+Why two halves: LitServe decodes requests inside the batch loop of its inference worker, where one exception fails
+every request of the batch. Here the HTTP side (the API server process) reads, checks and decodes each image on its
+own, the same way as vit-predict (vit.images, vit.predict.to_uint8), answers bad input itself, and hands the worker
+only a fixed-size uint8 image as JSON. The worker's batch never holds a bad request.
+
+    POST /predict?topk=5&map=relevance   body: multipart (field `file`) or the raw image bytes (image/* content type)
+    -> {"predictions": [{"label", "prob"}...], "map": base64 PNG or null, "batch": images in the forward}
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+from urllib.parse import parse_qs
+
+import litserve as ls
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from starlette.requests import Request
+
+from vit.attention_maps import denormalize, overlay
+from vit.checkpoint import load_model
+from vit.images import describe, read_image
+from vit.predict import class_names, map_and_logits, normalize, to_uint8, top_k
+
+MAPS = ("none", "relevance", "rollout")
+RAW_TYPES = ("image/", "application/octet-stream")
+MAP_SIDE = 224  # the overlay's side in pixels: small images are upsampled before the map is drawn over them
+
+
+class RequestError(Exception):
+    """A request this server will not pass to the model: the HTTP status and a one-line reason."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The HTTP side: runs in LitServe's API server process, one request at a time per request
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def decode_upload(data: bytes, img_size: int, in_chans: int, max_pixels: int) -> torch.Tensor:
+    """Image bytes -> uint8 (in_chans, img_size, img_size), as vit-predict reads a file; RequestError otherwise."""
+    if not data:
+        raise RequestError(400, "empty body: no image")
+    try:
+        with Image.open(io.BytesIO(data)) as probe:  # the header only: refuse gigantic images before decoding
+            w, h = probe.size
+    except Image.DecompressionBombError as e:
+        raise RequestError(413, describe(e)) from None
+    except Exception as e:
+        raise RequestError(400, f"not an image: {describe(e)}") from None
+    if w * h > max_pixels:
+        raise RequestError(413, f"image of {w}x{h} pixels is over the limit of {max_pixels} pixels")
+    try:
+        return to_uint8(read_image(io.BytesIO(data), in_chans), img_size)
+    except Exception as e:  # truncated, corrupt, decompression bomb
+        status = 413 if isinstance(e, (Image.DecompressionBombError, Image.DecompressionBombWarning)) else 400
+        raise RequestError(status, f"cannot read the image: {describe(e)}") from None
+
+
+def query_options(query: str, max_topk: int) -> tuple[int, str]:
+    """`topk` (1 to the number of classes, default 5) and `map` (none, relevance, rollout) from the query string."""
+    q = parse_qs(query)
+    try:
+        topk = int(q.get("topk", ["5"])[-1])
+    except ValueError:
+        raise RequestError(400, f"topk={q['topk'][-1]!r} is not a whole number") from None
+    if topk < 1:
+        raise RequestError(400, f"topk={topk} must be >= 1")
+    kind = q.get("map", ["none"])[-1]
+    if kind not in MAPS:
+        raise RequestError(400, f"map={kind!r} is not one of {list(MAPS)}")
+    return min(topk, max_topk), kind
+
+
+class ImageRequests:
+    """ASGI middleware for `POST <path>`: the body within `max_bytes` (413), the image from a multipart upload (field
+    `file`, or the only file) or from a raw body with an image/* or application/octet-stream type (else 415), decoded
+    (400/413, see decode_upload), then passed on as JSON `{"pixels": base64 uint8, "topk": k, "map": kind}` for
+    ViTAPI.decode_request. Every refusal is a JSON answer `{"error": "..."}`; other paths pass through untouched."""
+
+    def __init__(self, app, *, path: str, img_size: int, in_chans: int, num_classes: int, max_bytes: int,
+                 max_pixels: int):  # fmt: skip
+        self.app, self.path = app, path
+        self.img_size, self.in_chans, self.num_classes = img_size, in_chans, num_classes
+        self.max_bytes, self.max_pixels = max_bytes, max_pixels
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            topk, kind = query_options(scope.get("query_string", b"").decode("latin-1"), self.num_classes)
+            body = await self._body(scope, receive)
+            data = await self._image_bytes(scope, body)
+            pixels = await _in_thread(decode_upload, data, self.img_size, self.in_chans, self.max_pixels)
+        except RequestError as e:
+            await _json(send, e.status, {"error": str(e)})
+            return
+        payload = json.dumps(
+            {"pixels": base64.b64encode(pixels.numpy().tobytes()).decode(), "topk": topk, "map": kind}
+        ).encode()
+        headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-type", b"content-length")]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if sent:
+                return {"type": "http.disconnect"}
+            sent = True
+            return {"type": "http.request", "body": payload, "more_body": False}
+
+        await self.app({**scope, "headers": headers}, replay, send)
+
+    async def _body(self, scope, receive) -> bytes:
+        declared = dict(scope["headers"]).get(b"content-length")
+        declared = int(declared) if declared is not None and declared.isdigit() else None
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RequestError(400, "the client went away before the body was read")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                # Read the rest (not kept) when it is not much over, so that the client, still sending, gets the
+                # answer instead of a broken pipe; far over, answer at once and let the connection close.
+                while message.get("more_body", False) and size <= 4 * self.max_bytes:
+                    message = await receive()
+                    size += len(message.get("body", b""))
+                shown = declared if declared is not None else f"over {self.max_bytes}"
+                raise RequestError(413, f"body of {shown} bytes is over the limit of {self.max_bytes} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _image_bytes(self, scope, body: bytes) -> bytes:
+        ctype = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1").lower()
+        if ctype.startswith("multipart/form-data"):
+            sent = False
+
+            async def once():
+                nonlocal sent
+                if sent:
+                    return {"type": "http.disconnect"}
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            try:
+                form = await Request(scope, once).form(max_files=4, max_fields=16, max_part_size=self.max_bytes)
+            except Exception as e:  # starlette's MultiPartException, a malformed boundary
+                raise RequestError(400, f"malformed multipart body: {e}") from None
+            files = [v for v in form.values() if hasattr(v, "read")]
+            upload = form.get("file") if hasattr(form.get("file"), "read") else (files[0] if len(files) == 1 else None)
+            if upload is None:
+                raise RequestError(400, "multipart body has no file field 'file'")
+            return await upload.read()
+        if ctype.startswith(RAW_TYPES):
+            return body
+        raise RequestError(
+            415,
+            f"content type {ctype or 'none'!r}: send the image as multipart/form-data (field 'file') or as the raw "
+            "body with an image/* content type",
+        )
+
+
+async def _in_thread(fn, *args):
+    """Decode off the event loop (PIL releases the GIL): other requests keep being read meanwhile."""
+    import anyio
+
+    return await anyio.to_thread.run_sync(fn, *args)
+
+
+async def _json(send, status: int, content: dict) -> None:
+    body = json.dumps(content).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The model side: runs in LitServe's inference worker, on batches of requests
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def png_base64(image: torch.Tensor) -> str:
+    """(3, H, W) float in [0, 1] -> base64 PNG."""
+    pixels = image.mul(255).add_(0.5).clamp_(0, 255).to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def map_overlays(model, x: torch.Tensor, hparams: dict, kind: str) -> list[str]:
+    """For normalised inputs (B, C, S, S): the map of the predicted class over each image, as base64 PNGs."""
+    maps, _ = map_and_logits(model, x, kind)
+    images = denormalize(x.float(), hparams["mean"], hparams["std"]).cpu()
+    side = max(MAP_SIDE, images.shape[-1])
+    images = F.interpolate(images, size=(side, side), mode="bilinear", antialias=True).clamp_(0, 1)
+    return [png_base64(overlay(img, m)) for img, m in zip(images, maps.cpu())]
+
+
+class ViTAPI(ls.LitAPI):
+    """LitServe's side of vit-serve: loads the checkpoint (as data, never code) on its device, classifies batches of
+    decoded images, and draws the class-specific relevance (or rollout) of the predicted class where asked."""
+
+    def __init__(self, ckpt: str | Path, max_batch_size: int = 32, batch_timeout: float = 0.01):
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
+        self.ckpt = str(ckpt)
+        self.batches: list[int] = []  # batch sizes seen, for tests and the bench (in the worker process)
+
+    def setup(self, device: str) -> None:
+        self.model, self.hparams = load_model(self.ckpt)
+        self.model = self.model.to(device).eval()
+        self.device = torch.device(device)
+        self.names = class_names(self.model, self.hparams)
+        self.shape = (self.hparams["in_chans"], self.hparams["img_size"], self.hparams["img_size"])
+
+    def decode_request(self, request: dict):
+        pixels = torch.frombuffer(bytearray(base64.b64decode(request["pixels"])), dtype=torch.uint8)
+        return pixels.reshape(self.shape), int(request["topk"]), request["map"]
+
+    def batch(self, inputs: list) -> list:
+        return inputs  # predict stacks the images and keeps each request's options
+
+    def predict(self, items: list) -> list[dict]:
+        x = torch.stack([pixels for pixels, _, _ in items]).to(self.device, non_blocking=True)
+        x = normalize(x, self.hparams["mean"], self.hparams["std"])  # (B, C, S, S)
+        with torch.inference_mode():
+            logits = self.model(x)
+        top = top_k(logits, self.names, max(k for _, k, _ in items))
+        out = [{"predictions": top[i][:k], "map": None, "batch": len(items)} for i, (_, k, _) in enumerate(items)]
+        for kind in MAPS[1:]:
+            idx = [i for i, (_, _, m) in enumerate(items) if m == kind]
+            if idx:
+                for i, picture in zip(idx, map_overlays(self.model, x[idx], self.hparams, kind)):
+                    out[i]["map"] = picture
+        return out
+
+    def unbatch(self, output: list) -> list:
+        return output
+
+    def encode_response(self, output: dict) -> dict:
+        return output
+
+
+def server_info(ckpt: str | Path, hparams: dict) -> dict:
+    """What GET /info says about the model (LitServe puts it under "model")."""
+    return {
+        "classes": hparams.get("class_names") or [str(i) for i in range(hparams["arch"]["num_classes"])],
+        "img_size": hparams["img_size"],
+        "in_chans": hparams["in_chans"],
+        "mean": list(hparams["mean"]),
+        "std": list(hparams["std"]),
+        "arch": hparams["arch"],
+        "checkpoint": str(Path(ckpt).resolve()),
+    }
