@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 import train
-from vit.commands import attention, export, predict, streaming
+from vit.commands import attention, export, predict, serve, streaming
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
-EXTERNAL = ("tensorboard", "pip", "git")  # other tools' commands, shown for convenience
+EXTERNAL = ("tensorboard", "pip", "git", "curl")  # other tools' commands, shown for convenience
 
 
 def code_blocks(lang: str) -> list[str]:
@@ -50,6 +50,7 @@ PARSERS = {  # longest prefixes first: the first match parses
     ("python", "predict.py"): predict.build_parser,
     ("vit-export",): export.build_parser,
     ("vit-attention",): attention.build_parser,
+    ("vit-serve",): serve.build_parser,
     ("python", "-m", "vit.commands.streaming"): streaming.build_parser,
 }
 
