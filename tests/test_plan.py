@@ -25,9 +25,11 @@ def fp(n_train, n_val=None, classes=10, side=28, symmetry=0.3, gray=1.0, decode_
     )
 
 
-def speeds_like_2_cores(archs, batch):
-    """Images/s of a training step, roughly as measured on the 2-core CPU at 16 tokens: halves per model step."""
-    return [3000.0 / 2**i for i in range(len(archs))]
+def speeds_like_2_cores(archs, batch, precision="32-true"):
+    """Images/s of a training step, roughly as measured on the 2-core CPU at 16 tokens: halves per model step; bf16
+    slower, as on a CPU without AMX."""
+    widths = [m[0] for m in MODELS]
+    return [3000.0 / 2 ** widths.index(a.embed_dim) * (0.7 if precision == "bf16-mixed" else 1.0) for a in archs]
 
 
 def plan(f, machine=CPU2, budget=None, speed=speeds_like_2_cores):
@@ -281,3 +283,21 @@ def test_with_two_warmup_epochs_both_are_timed():
     cb.on_train_epoch_start(trainer, module)
     end = now[0] + (trainer.max_epochs - 2) * 4.0  # epochs as long as the two timed ones on average
     assert 0.85 * 200 <= end <= 200, (trainer.max_epochs, end)
+
+
+def test_precision_is_measured_on_the_chosen_model_and_bf16_taken_only_where_faster():
+    """bf16 autocast where the machine runs it faster (a GPU, a CPU with AMX), fp32 where it is slower; the epochs
+    that fit the budget follow the measured speed."""
+    slower = make_plan(fp(50_000), CPU2, budget_s=900, elapsed_s=3.0, speed_fn=speeds_like_2_cores)
+    asked = []
+
+    def bf16_twice_as_fast(archs, batch, precision="32-true"):
+        asked.append((len(archs), precision))
+        return [s * (2.0 if precision == "bf16-mixed" else 1.0) for s in speeds_like_2_cores(archs, batch)]
+
+    faster = make_plan(fp(50_000), CPU2, budget_s=900, elapsed_s=3.0, speed_fn=bf16_twice_as_fast)
+    assert slower.overrides["trainer.precision"] == "32-true"
+    assert faster.overrides["trainer.precision"] == "bf16-mixed" and asked[-1] == (1, "bf16-mixed")
+    same_model = faster.overrides["model.arch.embed_dim"] == slower.overrides["model.arch.embed_dim"]
+    assert not same_model or faster.overrides["trainer.max_epochs"] > slower.overrides["trainer.max_epochs"]
+    assert any(row[0] == "precision" and "bf16" in row[2] for row in faster.rows)

@@ -73,6 +73,9 @@ FLIP_SYMMETRY = 0.6
 # MNIST folders: 4-7 s); and a real epoch over the timed model steps (augmentation, metrics, logging). 1.2 made MNIST
 # epochs 15-25% pessimistic (7.6 s planned, 6.4 s run); FitBudget (vit/planned_run.py) corrects it inside warmup.
 FIXED_S, EPOCH_OVERHEAD = 8.0, 1.2
+# bf16 autocast is taken when its measured training step is this much faster than fp32's (a margin over the noise of
+# a few timed steps; it also rounds differently, so it must buy something).
+BF16_GAIN = 1.1
 
 
 @dataclass
@@ -273,11 +276,16 @@ def mirror_symmetry(images: list[torch.Tensor | None], labels: list[int]) -> flo
 
 
 def calibrate(
-    archs: list[ViTConfig], batch_size: int, device: str = "cpu", steps: int = 3, warmup: int = 2
+    archs: list[ViTConfig],
+    batch_size: int,
+    device: str = "cpu",
+    precision: str = "32-true",
+    steps: int = 3,
+    warmup: int = 2,
 ) -> list[float]:
-    """Training images/s of each architecture on this machine: `warmup` + `steps` AdamW steps on a random batch
-    (bf16 autocast on CUDA, as training), the median step. The global RNG is left as it was, so that planning does
-    not change the seeded run that follows."""
+    """Training images/s of each architecture on this machine at `precision` (Lightning's name: "32-true", or
+    "bf16-mixed" for bf16 autocast): `warmup` + `steps` AdamW steps on a random batch, the median step. The global RNG
+    is left as it was, so that planning does not change the seeded run that follows."""
     speeds = []
     with torch.random.fork_rng(devices=[]):
         for cfg in archs:
@@ -288,7 +296,7 @@ def calibrate(
             times = []
             for i in range(warmup + steps):
                 t = time.perf_counter()
-                with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+                with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
                     loss = torch.nn.functional.cross_entropy(model(x), y)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -354,7 +362,7 @@ def make_plan(
         )
         for w, d, h in MODELS[: max_model + 1]
     ]
-    speed_fn = speed_fn or (lambda a, b: calibrate(a, b, machine.device))
+    speed_fn = speed_fn or (lambda a, b, precision="32-true": calibrate(a, b, machine.device, precision))
     t0 = time.perf_counter()
     speeds = speed_fn(archs, batch)
     elapsed_s += time.perf_counter() - t0
@@ -385,6 +393,17 @@ def make_plan(
         choice, epochs = max_model, want
         why_model = f"largest candidate for {fp.n_train} training images"
         why_epochs = f"wanted for {fp.n_train} images (no --budget)"
+    # Precision, measured on the chosen model: bf16 autocast is several times faster on GPUs and on CPUs with AMX,
+    # slower on others (this project's 2-core Xeon with AVX512-BF16: 0.65x at 64x3, 0.96x at 128x6, 2026-12-01).
+    t0 = time.perf_counter()
+    bf16 = speed_fn([archs[choice]], batch, "bf16-mixed")[0]
+    elapsed_s += time.perf_counter() - t0
+    precision = "bf16-mixed" if bf16 > BF16_GAIN * speeds[choice] else "32-true"
+    fp32_speed = speeds[choice]
+    if precision == "bf16-mixed":
+        speeds = [*speeds[:choice], bf16, *speeds[choice + 1 :]]
+        if spare is not None:
+            epochs = int(max(1, min(2 * want, spare // epoch_seconds(bf16))))
     w, d, h = MODELS[choice]
     epoch_s = epoch_seconds(speeds[choice])
     warmup = warmup_epochs(epochs)
@@ -411,6 +430,7 @@ def make_plan(
         "model.mixup_alpha": 0.8 if mixup else 0.0,
         "model.cutmix_alpha": 1.0 if mixup else 0.0,
         "trainer.max_epochs": epochs,
+        "trainer.precision": precision,
         "attention_maps.every_n_epochs": every,
     }
     speed_text = ", ".join(f"{a.embed_dim}x{a.depth}: {s:.0f}" for a, s in zip(archs, speeds))
@@ -420,7 +440,12 @@ def make_plan(
         ("image sides", f"median {fp.median_side} px", f"{fp.min_side}-{fp.max_side} px, {gray}"),
         ("mirror symmetry", f"{fp.mirror_symmetry:.2f}", f"flips when >= {FLIP_SYMMETRY}"),
         ("machine", str(machine), f"decode ~{fp.decode_s:.0f} s"),
-        ("speed (img/s)", speed_text, f"training steps at batch {batch}"),
+        ("speed (img/s)", speed_text, f"training steps at batch {batch}, fp32"),
+        (
+            "precision",
+            precision,
+            f"{w}x{d} measured: fp32 {fp32_speed:.0f} img/s, bf16 {bf16:.0f} img/s (bf16 when > {BF16_GAIN}x)",
+        ),
         ("img_size, patch", f"{img_size}, {patch}", f"{(img_size // patch) ** 2} tokens"),
         ("model", f"{w} wide, {d} blocks, {h} heads", why_model),
         ("epochs", str(epochs), why_epochs + f"; ~{epoch_s:.1f} s each"),
