@@ -42,14 +42,14 @@ def test_a_tiny_folder_gets_a_small_model_light_augmentation_and_small_batches()
     assert p["data.init_args.batch_size"] == 120 // 8  # at least 8 steps per epoch
     assert p["data.init_args.crop_scale"] == [0.8, 1.0] and p["data.init_args.auto_augment"] == "none"
     assert p["model.mixup_alpha"] == 0 and p["data.init_args.random_erasing"] == 0
-    assert (p["data.init_args.img_size"], p["model.arch.patch_size"]) == (24, 6)  # 16 tokens
+    assert (p["data.init_args.img_size"], p["model.arch.patch_size"]) == (20, 5)  # its own size, 16 tokens
     assert p["trainer.max_epochs"] == 60
 
 
 def test_a_small_folder_of_digits_is_not_flipped_and_trains_at_its_own_size():
     p = plan(fp(8000, side=28, symmetry=0.49))
     assert p["data.init_args.hflip"] is False
-    assert (p["data.init_args.img_size"], p["model.arch.patch_size"]) == (32, 8)
+    assert (p["data.init_args.img_size"], p["model.arch.patch_size"]) == (28, 7)  # 16 tokens of 7x7 pixels
     assert p["data.init_args.batch_size"] == 128
     assert p["trainer.max_epochs"] == 40
 
@@ -301,3 +301,22 @@ def test_precision_is_measured_on_the_chosen_model_and_bf16_taken_only_where_fas
     same_model = faster.overrides["model.arch.embed_dim"] == slower.overrides["model.arch.embed_dim"]
     assert not same_model or faster.overrides["trainer.max_epochs"] > slower.overrides["trainer.max_epochs"]
     assert any(row[0] == "precision" and "bf16" in row[2] for row in faster.rows)
+
+
+def test_the_token_grid_takes_the_images_own_size_when_it_divides_it():
+    from vit.plan import resolution
+
+    assert resolution(28) == (28, 7) and resolution(24) == (24, 6) and resolution(20) == (20, 5)
+    assert resolution(30) == (32, 8) and resolution(27) == (32, 8) and resolution(10) == (16, 4)  # listed sides
+    assert resolution(28, "cuda") == (32, 4) and resolution(64, "cuda") == (64, 8)
+
+
+def test_a_large_folder_in_a_short_budget_gets_epochs_before_width_and_light_augmentation():
+    """30k-200k images: the largest model that still gets 40 epochs (at 15 minutes on 2 cores: the smallest), crops
+    from 80% and no Random Erasing (docs/recipes.md, "At 60,000 images")."""
+    p = plan(fp(50_000, n_val=10_000, side=28, symmetry=0.77), budget=900)
+    assert (p["model.arch.embed_dim"], p["model.arch.depth"]) == MODELS[0][:2]
+    assert p["trainer.max_epochs"] >= 40 and p["data.init_args.hflip"] is True
+    assert p["data.init_args.crop_scale"] == [0.8, 1.0] and p["data.init_args.random_erasing"] == 0
+    longer = plan(fp(50_000, n_val=10_000, side=28, symmetry=0.77), budget=4 * 3600)
+    assert longer["model.arch.embed_dim"] > p["model.arch.embed_dim"]  # a longer budget buys width

@@ -341,3 +341,18 @@ def test_documented_off_switches_train_and_leave_out_what_needs_them(flags, in_t
 def test_an_off_switch_that_makes_no_sense_is_one_line(in_tmp):
     with pytest.raises(SystemExit, match="every_n_epochs=-1 must be >= 0"):
         train.main(["fit", "--config", SMOKE, "--attention_maps.every_n_epochs", "-1"])
+
+
+def test_ema_weights_are_validated_and_saved(in_tmp):
+    """--model.ema_decay: the checkpoint's weights (what predict, export and serve load) are the moving average,
+    the raw weights ride along for resuming, and the average lies between the start and the raw end point."""
+    cli = train.main(["fit", "--config", SMOKE, "--model.ema_decay", "0.5", "--attention_maps.every_n_epochs", "0"])
+    ckpt = torch.load(in_tmp / "checkpoints" / "smoke" / "version_0" / "last.ckpt", weights_only=True)
+    ema, raw = ckpt["state_dict"], ckpt["current_model_state"]
+    key = "model.head.weight"
+    assert not torch.equal(ema[key], raw[key])  # two different sets of weights
+    torch.testing.assert_close(cli.model.model.head.weight.detach(), ema[key])  # after fit the module holds it
+    model, _ = load_model(in_tmp / "checkpoints" / "smoke" / "version_0" / "last.ckpt")
+    torch.testing.assert_close(model.head.weight, ema[key])  # what the commands load: the average
+    with pytest.raises(SystemExit, match="ema_decay=1.0 must be in"):
+        train.main(["fit", "--config", SMOKE, "--model.ema_decay", "1.0"])
