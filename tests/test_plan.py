@@ -320,3 +320,35 @@ def test_a_large_folder_in_a_short_budget_gets_epochs_before_width_and_light_aug
     assert p["data.init_args.crop_scale"] == [0.8, 1.0] and p["data.init_args.random_erasing"] == 0
     longer = plan(fp(50_000, n_val=10_000, side=28, symmetry=0.77), budget=4 * 3600)
     assert longer["model.arch.embed_dim"] > p["model.arch.embed_dim"]  # a longer budget buys width
+
+
+def test_when_epochs_slow_down_mid_run_the_rest_of_the_schedule_is_compressed_into_the_time_left():
+    """Timed: two 5-s epochs; then the machine slows to 7 s an epoch. The run is shortened so that it ends by the
+    deadline, and the learning rate is continuous where it was shortened and ends at its last value."""
+    now = [0.0]
+    module = SimpleNamespace(hparams=SimpleNamespace(warmup_epochs=2, min_lr_ratio=0.01))
+    trainer = FakeTrainer(40, module)
+    saved = []
+    cb = FitBudget(deadline=200.0, cap=100, on_change=saved.append, clock=lambda: now[0], teardown_s=0.0)
+    epoch = 0
+    while epoch < trainer.max_epochs:
+        trainer.current_epoch = epoch
+        cb.on_train_epoch_start(trainer, module)
+        if epoch == 2:
+            sized = trainer.max_epochs  # sized for 5-s epochs
+            lam = trainer.lr_scheduler_configs[0].scheduler.lr_lambdas[0]
+        now[0] += 5.0 if epoch < 2 else 7.0
+        epoch += 1
+    assert trainer.max_epochs < sized and saved[-1] == trainer.max_epochs  # shortened, plan.yaml told
+    assert now[0] <= 200.0, now[0]  # ended in time
+    new = trainer.lr_scheduler_configs[0].scheduler.lr_lambdas[0]
+    assert new(10 * trainer.max_epochs) == pytest.approx(lam(10 * sized))  # the schedule's last value, at the end
+    assert new(25) == pytest.approx(lam(25))  # unchanged before the slowdown (epoch 2) was seen
+
+
+def test_compressed_schedule_is_the_original_played_faster():
+    from vit.planned_run import compressed
+
+    f = lambda s: float(s)  # noqa: E731
+    g = compressed(f, done=10, total=100, new_total=55)
+    assert [g(s) for s in (0, 9, 10)] == [0.0, 9.0, 10.0] and g(55) == 100.0 and g(32.5) == pytest.approx(55.0)

@@ -138,12 +138,16 @@ class FitBudget(L.Callback):
         self.deadline, self.cap, self.on_change, self.clock = deadline, cap, on_change, clock
         self.teardown_s = teardown_s
         self._start: float | None = None  # when epoch 0 started
+        self._starts: list[float] = []  # when each epoch started
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         now, epoch = self.clock(), trainer.current_epoch
         if epoch == 0:
-            self._start = now
+            self._start, self._starts = now, []
+        self._starts.append(now)
         at = max(1, min(2, int(pl_module.hparams.warmup_epochs)))  # the epoch whose start ends the timing
+        if epoch > at and self._start is not None:
+            self.keep_in_budget(trainer, pl_module, now, epoch)
         if epoch == at and self._start is not None:
             epoch_s = (now - self._start) / at
             spare = (self.deadline - now - self.teardown_s) * (1 - RESERVE)
@@ -151,6 +155,30 @@ class FitBudget(L.Callback):
             # every rank of a DDP run must stop after the same epoch: rank 0's clock decides
             epochs = trainer.strategy.broadcast(max(at + 1, min(self.cap, fit)), src=0)
             self.resize(trainer, pl_module, epochs, epoch_s)
+
+    def keep_in_budget(self, trainer, pl_module, now: float, epoch: int) -> None:
+        """After the sizing: when the epochs run longer than the timed ones (a shared machine slowed down: 12 s epochs
+        became 15 s in a 15-minute run here, which then ended 7% over), end earlier. The rest of the learning-rate
+        schedule is compressed into the epochs that still fit, so the run still ends at its last learning rate."""
+        recent = self._starts[-4:]  # the last three epochs, or fewer
+        epoch_s = (recent[-1] - recent[0]) / (len(recent) - 1)
+        if now + (trainer.max_epochs - epoch) * epoch_s + self.teardown_s <= self.deadline:
+            return
+        fit = epoch + int((self.deadline - self.teardown_s - now) // epoch_s)
+        epochs = trainer.strategy.broadcast(max(epoch + 1, min(trainer.max_epochs, fit)), src=0)
+        if epochs >= trainer.max_epochs:
+            return
+        steps_per_epoch = trainer.estimated_stepping_batches / trainer.max_epochs
+        done, total, new_total = (round(steps_per_epoch * e) for e in (epoch, trainer.max_epochs, epochs))
+        for cfg in trainer.lr_scheduler_configs:
+            cfg.scheduler.lr_lambdas = [compressed(f, done, total, new_total) for f in cfg.scheduler.lr_lambdas]
+        rank_zero_info(
+            f"budget: epochs now take {epoch_s:.1f} s, so the run ends after {epochs} epochs instead of "
+            f"{trainer.max_epochs}; the rest of the schedule is compressed into them"
+        )
+        trainer.fit_loop.max_epochs = epochs
+        if self.on_change is not None:
+            self.on_change(epochs)
 
     def resize(self, trainer, pl_module, epochs: int, epoch_s: float) -> None:
         old = trainer.max_epochs
@@ -170,3 +198,10 @@ class FitBudget(L.Callback):
         )
         if self.on_change is not None:
             self.on_change(epochs)
+
+
+def compressed(factor: Callable[[int], float], done: int, total: int, new_total: int) -> Callable[[int], float]:
+    """A learning-rate schedule whose steps after `done` are played faster, so that what took until `total` ends at
+    `new_total`: continuous at `done`, and ending where the original ended."""
+    rate = (total - done) / max(1, new_total - done)
+    return lambda step: factor(step) if step < done else factor(min(total, done + (step - done) * rate))
