@@ -58,6 +58,7 @@ def test_the_wheel_carries_the_package_and_the_configs(venv):
     pkg = Path(out.stdout.strip())
     assert pkg.is_relative_to(venv), pkg  # the installed copy, not the repository's
     assert (pkg / "configs" / "smoke.yaml").is_file() and (pkg / "configs" / "variants" / "moe.yaml").is_file()
+    assert (pkg / "static" / "index.html").is_file() and (pkg / "commands" / "serve.py").is_file()  # vit-serve's page
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -352,3 +352,32 @@ def test_compressed_schedule_is_the_original_played_faster():
     f = lambda s: float(s)  # noqa: E731
     g = compressed(f, done=10, total=100, new_total=55)
     assert [g(s) for s in (0, 9, 10)] == [0.0, 9.0, 10.0] and g(55) == 100.0 and g(32.5) == pytest.approx(55.0)
+
+
+def test_without_a_budget_the_plan_says_its_expected_time_and_what_its_tier_reached():
+    result = make_plan(fp(50_000, n_val=10_000), CPU2, elapsed_s=3.0, speed_fn=speeds_like_2_cores)
+    rows = {what: (value, why) for what, value, why in result.rows}
+    minutes = result.estimate_s / 60
+    assert f"(~{minutes:.0f} min on this machine)" in rows["estimate"][0]
+    assert "15 min" in rows["measured"][0] and "%" in rows["measured"][0] and "{" not in rows["measured"][0]
+
+
+def test_when_epochs_speed_up_mid_run_the_schedule_is_stretched_over_the_time_left():
+    """Timed: two 8-s epochs (a busy moment); then 4 s an epoch. The run grows to use the budget, the learning rate
+    stays continuous and still ends at its last value, and the run ends in time."""
+    now = [0.0]
+    module = SimpleNamespace(hparams=SimpleNamespace(warmup_epochs=2, min_lr_ratio=0.01))
+    trainer = FakeTrainer(30, module)
+    cb = FitBudget(deadline=200.0, cap=100, clock=lambda: now[0], teardown_s=0.0)
+    epoch = 0
+    while epoch < trainer.max_epochs:
+        trainer.current_epoch = epoch
+        cb.on_train_epoch_start(trainer, module)
+        if epoch == 2:
+            sized = trainer.max_epochs
+            lam = trainer.lr_scheduler_configs[0].scheduler.lr_lambdas[0]
+        now[0] += 8.0 if epoch < 2 else 4.0
+        epoch += 1
+    assert trainer.max_epochs > sized and 0.85 * 200 <= now[0] <= 200.0, (sized, trainer.max_epochs, now[0])
+    new = trainer.lr_scheduler_configs[0].scheduler.lr_lambdas[0]
+    assert new(10 * trainer.max_epochs) == pytest.approx(lam(10 * sized)) and new(25) == pytest.approx(lam(25))
