@@ -197,3 +197,24 @@ def test_console_script_prints_only_results_on_stdout(ckpt, images):
     assert proc.returncode == 1
     assert len(json.loads(proc.stdout)) == 11
     assert "bomb.png: error:" in proc.stderr
+
+
+def test_a_one_channel_model_reads_files_as_grayscale(tmp_path, capsys):
+    """A model trained on 1 channel (torch/mnist) gets any file as 8-bit L, as its training data was: a colour file
+    is converted by PIL's luma, not cut to its red channel."""
+    from vit.model import VisionTransformer
+
+    model = VisionTransformer(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=1, num_heads=2, num_classes=3)
+    hp = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=1, num_heads=2, num_classes=3,
+              class_names=["a", "b", "c"], mean=[0.3], std=[0.3])  # fmt: skip
+    torch.save(
+        {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "hyper_parameters": hp},
+        tmp_path / "gray.ckpt",
+    )
+    rgb = Image.fromarray(np.random.default_rng(0).integers(0, 255, (28, 28, 3), dtype=np.uint8))
+    rgb.save(tmp_path / "colour.png")
+    rgb.convert("L").save(tmp_path / "luma.png")
+    code, out, _ = _run(capsys, "--ckpt", tmp_path / "gray.ckpt", "--format", "json", "--topk", "3",
+                        tmp_path / "colour.png", tmp_path / "luma.png")  # fmt: skip
+    colour, luma = json.loads(out)
+    assert code == 0 and colour["predictions"] == luma["predictions"]
