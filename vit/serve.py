@@ -112,16 +112,7 @@ class ImageRequests:
         ).encode()
         headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-type", b"content-length")]
         headers += [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        sent = False
-
-        async def replay():
-            nonlocal sent
-            if sent:
-                return {"type": "http.disconnect"}
-            sent = True
-            return {"type": "http.request", "body": payload, "more_body": False}
-
-        await self.app({**scope, "headers": headers}, replay, send)
+        await self.app({**scope, "headers": headers}, _replay(payload), send)
 
     async def _body(self, scope, receive) -> bytes:
         declared = dict(scope["headers"]).get(b"content-length")
@@ -148,17 +139,10 @@ class ImageRequests:
     async def _image_bytes(self, scope, body: bytes) -> bytes:
         ctype = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1").lower()
         if ctype.startswith("multipart/form-data"):
-            sent = False
-
-            async def once():
-                nonlocal sent
-                if sent:
-                    return {"type": "http.disconnect"}
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-
             try:
-                form = await Request(scope, once).form(max_files=4, max_fields=16, max_part_size=self.max_bytes)
+                form = await Request(scope, _replay(body)).form(
+                    max_files=4, max_fields=16, max_part_size=self.max_bytes
+                )
             except Exception as e:  # starlette's MultiPartException, a malformed boundary
                 raise RequestError(400, f"malformed multipart body: {e}") from None
             files = [v for v in form.values() if hasattr(v, "read")]
@@ -173,6 +157,20 @@ class ImageRequests:
             f"content type {ctype or 'none'!r}: send the image as multipart/form-data (field 'file') or as the raw "
             "body with an image/* content type",
         )
+
+
+def _replay(body: bytes):
+    """An ASGI `receive` that hands over `body` once (already read), then says the client has gone."""
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
 
 
 async def _in_thread(fn, *args):
