@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import DropPath, LayerScale, Mlp, SwiGLU, resample_abs_pos_embed, trunc_normal_
+from timm.layers import DropPath, LayerScale, Mlp, PatchDropout, SwiGLU, resample_abs_pos_embed, trunc_normal_
 
 from vit.layers import apply_rope, attention_pattern_mask, get_norm_layer, rope_2d, sincos_2d_pos_embed
 from vit.moe import MoEMlp
@@ -82,6 +82,9 @@ class ViTConfig:
     """Dropout on the attention weights."""
     drop_path_rate: float = 0.0
     """Stochastic depth of the last block, growing linearly from 0 at the first."""
+    patch_drop_rate: float = 0.0
+    """PatchDropout (timm): in training, drop this share of the patch tokens after the position embedding (fewer
+    tokens per step); the module's `patch_drop_until` limits it to the early epochs. Global attention without RoPE."""
     init_values: float | None = None
     """LayerScale initial value (e.g. 1e-5); null: no LayerScale."""
     rope: bool = False
@@ -141,7 +144,7 @@ class ViTConfig:
             )
         if c.pos_embed == "sincos2d" and c.embed_dim % 4:
             raise ValueError(f"embed_dim={c.embed_dim} must be divisible by 4 for pos_embed='sincos2d'")
-        for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
+        for name in ("drop_rate", "attn_drop_rate", "drop_path_rate", "patch_drop_rate"):
             if not _is_number(getattr(c, name)) or not 0.0 <= getattr(c, name) < 1.0:
                 raise ValueError(f"{name}={getattr(c, name)!r} must be in [0, 1)")
         if c.init_values is not None and (not _is_number(c.init_values) or not 0 < c.init_values <= 10):
@@ -160,6 +163,11 @@ class ViTConfig:
             raise ValueError(f"moe_top_k={c.moe_top_k!r} must be between 1 and moe_experts={c.moe_experts}")
         if not _is_number(c.moe_capacity_factor) or c.moe_capacity_factor < 0:
             raise ValueError(f"moe_capacity_factor={c.moe_capacity_factor!r} must be >= 0 (0: no capacity limit)")
+        if c.patch_drop_rate and (c.attn_pattern != "global" or c.rope or c.pos_embed == "rope2d"):
+            raise ValueError(
+                f"patch_drop_rate={c.patch_drop_rate} needs attn_pattern='global' and no RoPE: local patterns and "
+                "rotary embeddings follow the patch grid, which dropped tokens break"
+            )
         lat = c.kv_latent_dim
         if lat is not None and (not _is_int(lat) or lat < 1):
             raise ValueError(f"kv_latent_dim={lat!r} must be a positive integer, or null for plain attention")
@@ -366,6 +374,10 @@ class VisionTransformer(nn.Module):
         else:  # rope2d alone: positions enter only through the rotation of q and k
             self.pos_embed = None
         self.pos_drop = nn.Dropout(cfg.drop_rate)
+        # (B, prefix + N, D) -> (B, prefix + keep, D) in training only; prefix tokens are always kept
+        self.patch_drop = (
+            PatchDropout(cfg.patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens) if cfg.patch_drop_rate else None
+        )
         dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()  # stochastic depth grows with depth
         self.attn_pattern = (cfg.attn_pattern, cfg.attn_window, cfg.attn_dilation, cfg.attn_global_tokens)
         self._masks: dict = {}  # (grid, device) -> mask, ("rope", grid, device) -> (cos, sin): once per input size
@@ -437,6 +449,8 @@ class VisionTransformer(nn.Module):
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         x = self.pos_drop(x)
+        if self.patch_drop is not None:
+            x = self.patch_drop(x)
         mask = self.attn_mask_for(grid, x.device)
         rope = self.rope_for(grid, x.device) if self.use_rope else None
         for blk in self.blocks:

@@ -7,6 +7,7 @@ checkpoint's `hyper_parameters`, so checkpoints load with `torch.load(weights_on
 
 import math
 import random
+from typing import Literal
 
 import lightning as L
 import numpy as np
@@ -22,6 +23,11 @@ from vit.interop import load_timm_weights
 from vit.model import VisionTransformer, ViTConfig
 from vit.moe import MoEMlp
 from vit.nonfinite import NonFiniteGuard, supports_found_inf
+from vit.optim import MuonWithAdamW, split_for_muon
+
+# warmup-stable-decay: the share of the steps that decay at the end (linear, to min_lr_ratio). Hagele et al. 2024
+# found 10-20% matches cosine; the longer one suits short runs.
+WSD_DECAY = 0.2
 
 
 class NonFiniteLossError(RuntimeError):
@@ -52,6 +58,14 @@ class ViTClassifier(L.LightningModule):
         ema_decay: keep an exponential moving average of the weights, updated every step with this decay (0: off;
             0.999 averages over ~1,000 steps), and use it for validation and in the saved checkpoints (what predict,
             export and serve load): Lightning's EMAWeightAveraging callback.
+        optimizer: "adamw", or "muon": `torch.optim.Muon` for the blocks' 2D matrices and AdamW for the rest, at
+            the same lr and weight decay (vit/optim.py).
+        schedule: after warmup, "cosine" to `lr * min_lr_ratio`, or "wsd" (warmup-stable-decay): the peak lr until
+            the last `WSD_DECAY` share of the steps, then linear down to `lr * min_lr_ratio`.
+        resize_from: progressive resizing (0: off): train at this side first (a multiple of patch_size, below
+            img_size), growing by one patch per phase up to img_size when `resize_until` of the epochs are done. The
+            batch is resized on the device; the position embeddings are resampled to the smaller grid.
+        patch_drop_until: with `arch.patch_drop_rate`, the share of the epochs that drop patch tokens (then none).
         class_names, mean, std: linked from the DataModule by `train.py`; saved for predict.
     """
 
@@ -74,6 +88,11 @@ class ViTClassifier(L.LightningModule):
         freeze_backbone_epochs: int = 0,
         skip_nonfinite: bool = False,
         ema_decay: float = 0.0,
+        optimizer: Literal["adamw", "muon"] = "adamw",
+        schedule: Literal["cosine", "wsd"] = "cosine",
+        resize_from: int = 0,
+        resize_until: float = 0.5,
+        patch_drop_until: float = 1.0,
         class_names: list[str] | None = None,
         mean: tuple[float, ...] = (0.5, 0.5, 0.5),
         std: tuple[float, ...] = (0.5, 0.5, 0.5),
@@ -93,6 +112,8 @@ class ViTClassifier(L.LightningModule):
             ("label_smoothing", label_smoothing),
             ("mixup_prob", mixup_prob),
             ("min_lr_ratio", min_lr_ratio),
+            ("resize_until", resize_until),
+            ("patch_drop_until", patch_drop_until),
         ):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name}={value} must be in [0, 1]")
@@ -104,6 +125,15 @@ class ViTClassifier(L.LightningModule):
             raise ValueError(f"freeze_backbone_epochs={freeze_backbone_epochs} must be >= 0")
         if isinstance(arch, dict):  # load_from_checkpoint passes the saved hyper-parameters back: arch is a dict
             arch = ViTConfig.from_dict(arch)
+        if optimizer not in ("adamw", "muon"):
+            raise ValueError(f"optimizer={optimizer!r} must be 'adamw' or 'muon'")
+        if schedule not in ("cosine", "wsd"):
+            raise ValueError(f"schedule={schedule!r} must be 'cosine' or 'wsd'")
+        if resize_from and (resize_from % arch.patch_size or not 0 < resize_from < arch.img_size):
+            raise ValueError(
+                f"resize_from={resize_from} must be a multiple of patch_size={arch.patch_size} below "
+                f"img_size={arch.img_size} (or 0: off)"
+            )
         num_classes = arch.num_classes
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"class_names has {len(class_names)} names but num_classes={num_classes}")
@@ -157,6 +187,9 @@ class ViTClassifier(L.LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         x, y = batch
+        side = getattr(self, "_train_side", None)
+        if side is not None and side != x.shape[-1]:  # progressive resizing: (B, C, H, W) -> (B, C, side, side)
+            x = F.interpolate(x, size=(side, side), mode="bilinear", antialias=True, align_corners=False)
         if self.mixup is not None and len(x) % 2 == 0:  # timm's Mixup pairs images: it needs an even batch
             x, y_soft = self.mixup(x, y)
             loss = self.soft_ce(self(x), y_soft)
@@ -290,6 +323,13 @@ class ViTClassifier(L.LightningModule):
         frozen = self.current_epoch < self.hparams.freeze_backbone_epochs
         for name, p in self.model.named_parameters():
             p.requires_grad_(not frozen or name.startswith(("head.", "fc_norm.")))
+        # Phases by the share of the epochs done (max_epochs as it stands: FitBudget may resize it).
+        done = self.current_epoch / max(1, self.trainer.max_epochs or 1)
+        hp = self.hparams
+        self._train_side = train_side(self.model.cfg, hp.get("resize_from", 0), hp.get("resize_until", 0.5), done)
+        if self.model.patch_drop is not None:
+            on = done < self.hparams.get("patch_drop_until", 1.0)
+            self.model.patch_drop.prob = self.model.cfg.patch_drop_rate if on else 0.0
 
     def configure_optimizers(self):
         hp = self.hparams
@@ -301,21 +341,21 @@ class ViTClassifier(L.LightningModule):
             # instead of 2: 1% more per digits epoch on a 2-core CPU).
             layer = layer_id(name, depth) if hp.layer_decay else depth + 1
             groups.setdefault((layer, not no_decay), []).append(p)
-        optimizer = torch.optim.AdamW(
-            [
-                {
-                    "params": params,
-                    "weight_decay": hp.weight_decay if decayed else 0.0,
-                    "lr": hp.lr * (hp.layer_decay ** (depth + 1 - layer) if hp.layer_decay else 1.0),
-                }
-                for (layer, decayed), params in sorted(groups.items())
-            ],
-            lr=hp.lr,
-            betas=tuple(hp.betas),
-            # fused: one kernel for all parameters; on CPU the default is a Python loop per tensor (measured 0.7 s of
-            # an 8.7 s digits run in _single_tensor_adam)
-            fused=True,
-        )
+        param_groups = [
+            {
+                "params": params,
+                "weight_decay": hp.weight_decay if decayed else 0.0,
+                "lr": hp.lr * (hp.layer_decay ** (depth + 1 - layer) if hp.layer_decay else 1.0),
+            }
+            for (layer, decayed), params in sorted(groups.items())
+        ]
+        if hp.get("optimizer", "adamw") == "muon":
+            muon, adamw = split_for_muon(self.model, param_groups)
+            optimizer = MuonWithAdamW(muon, adamw, lr=hp.lr, betas=tuple(hp.betas))
+        else:
+            # fused: one kernel for all parameters; on CPU the default is a Python loop per tensor (measured 0.7 s
+            # of an 8.7 s digits run in _single_tensor_adam)
+            optimizer = torch.optim.AdamW(param_groups, lr=hp.lr, betas=tuple(hp.betas), fused=True)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         steps_per_epoch = total / max(1, self.trainer.max_epochs or 1)
         warmup = schedule_warmup(hp.warmup_epochs, steps_per_epoch, total, self.trainer.max_epochs)
@@ -324,7 +364,7 @@ class ViTClassifier(L.LightningModule):
                 "trainer.max_time can stop training before the learning-rate schedule (planned over max_epochs) "
                 "completes: the run would end mid-cosine. Lower max_epochs so that it fits the time instead."
             )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, total, hp.min_lr_ratio))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(hp, warmup, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
@@ -349,6 +389,36 @@ def schedule_warmup(warmup_epochs: float, steps_per_epoch: float, total: int, ma
         )
         warmup = fixed
     return warmup
+
+
+def lr_factor(hp, warmup_steps: int, total_steps: int):
+    """The module's schedule (`hp.schedule`) as an LR multiplier per step."""
+    if getattr(hp, "schedule", "cosine") == "wsd":
+        return warmup_stable_decay(warmup_steps, total_steps, hp.min_lr_ratio)
+    return warmup_cosine(warmup_steps, total_steps, hp.min_lr_ratio)
+
+
+def warmup_stable_decay(warmup_steps: int, total_steps: int, min_ratio: float, decay: float = WSD_DECAY):
+    """LR multiplier per step: linear warmup, 1 until the last `decay` share of the steps, then linear to min_ratio."""
+    decay_start = max(warmup_steps, total_steps - int(decay * total_steps))
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        t = min(1.0, (step - decay_start) / max(1, total_steps - decay_start)) if step >= decay_start else 0.0
+        return 1.0 - (1.0 - min_ratio) * t
+
+    return factor
+
+
+def train_side(cfg: ViTConfig, resize_from: int, resize_until: float, done: float) -> int | None:
+    """Progressive resizing: the training side after `done` (0-1) of the epochs; None at full size. Sides grow by one
+    patch per phase: from 14 to 28 with patch 7 and resize_until 0.5, 14 px for the first quarter, 21 px for the
+    second, then 28."""
+    if not resize_from or done >= resize_until:
+        return None
+    sides = list(range(resize_from, cfg.img_size, cfg.patch_size))
+    return sides[min(len(sides) - 1, int(done / resize_until * len(sides)))]
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):

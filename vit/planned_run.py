@@ -18,7 +18,7 @@ import lightning as L
 import yaml
 from lightning.pytorch.utilities import rank_zero_info
 
-from vit.module import schedule_warmup, warmup_cosine
+from vit.module import lr_factor, schedule_warmup
 from vit.plan import FIXED_S, Machine, Plan, fingerprint, make_plan, parse_budget, process_start, warmup_epochs
 
 FOLDER_CLASS = "vit.data.ImageFolderDataModule"
@@ -198,7 +198,7 @@ class FitBudget(L.Callback):
         trainer.fit_loop.max_epochs = epochs
         for cfg in trainer.lr_scheduler_configs:
             lams = cfg.scheduler.lr_lambdas  # one per parameter group
-            cfg.scheduler.lr_lambdas = [warmup_cosine(warmup, total, hp.min_lr_ratio)] * len(lams)
+            cfg.scheduler.lr_lambdas = [lr_factor(hp, warmup, total)] * len(lams)
         rank_zero_info(
             f"budget: an epoch takes {epoch_s:.1f} s here, so {epochs} epochs instead of {old} finish in time; "
             "the cosine schedule is resized with them"
