@@ -4,9 +4,9 @@ resizing, PatchDropout. Each off by default, each checked against what it promis
 import lightning as L
 import pytest
 import torch
+from conftest import SMOKE
 
 import train
-from conftest import SMOKE
 from vit.data import DigitsDataModule
 from vit.model import VisionTransformer, ViTConfig
 from vit.module import ViTClassifier, train_side, warmup_stable_decay
