@@ -10,7 +10,7 @@ import train
 from vit.data import DigitsDataModule
 from vit.model import VisionTransformer, ViTConfig
 from vit.module import ViTClassifier, train_side, warmup_stable_decay
-from vit.optim import MuonWithAdamW
+from vit.optim import Muon, MuonWithAdamW
 
 TINY = ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
 
@@ -126,3 +126,27 @@ def test_muon_and_wsd_train_from_the_command_line_and_resume(in_tmp):
     assert cli.trainer.current_epoch == 3 and torch.load(last, weights_only=True)["epoch"] == 2  # resumed, went on
     with pytest.raises(SystemExit, match="optimizer='sgd' must be 'adamw' or 'muon'|optimizer"):
         train.main(["fit", "--config", SMOKE, "--model.optimizer", "sgd"])
+
+
+@pytest.mark.parametrize("ns_dtype, tol", [(torch.bfloat16, 1e-6), (torch.float32, 3e-4)])
+def test_our_muon_steps_as_torch_muon_does(ns_dtype, tol):
+    """Same algorithm as torch.optim.Muon (match_rms_adamw): with bf16 Newton-Schulz steps, the same weights after
+    three steps; in fp32 (our CPU default), within bf16's rounding of torch's."""
+    torch.manual_seed(0)
+    shapes = [(48, 16), (16, 16), (48, 16), (16, 64)]  # two of one shape: stacked together; tall and wide
+    ours = [torch.nn.Parameter(torch.randn(s) * 0.1) for s in shapes]
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    opt = Muon(ours, lr=1e-2, weight_decay=0.1, ns_dtype=ns_dtype)
+    ref_opt = torch.optim.Muon(ref, lr=1e-2, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    for _ in range(3):
+        grads = [torch.randn(s) for s in shapes]
+        for params, o in ((ours, opt), (ref, ref_opt)):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            o.step()
+    for p, r in zip(ours, ref):
+        moved = (r.detach() - p.detach()).abs().max().item()
+        assert moved <= tol, (p.shape, moved)
+    assert set(opt.state[ours[0]]) == set(ref_opt.state[ref[0]]) == {"momentum_buffer"}  # state dicts interchange
+    with pytest.raises(ValueError, match="2D matrices only; got a parameter of shape \\(16,\\)"):
+        Muon([torch.nn.Parameter(torch.zeros(16))])
