@@ -73,6 +73,26 @@ def test_a_grayscale_large_folder_gets_no_colour_policy():
     assert plan(fp(100_000, gray=1.0))["data.init_args.auto_augment"] == "none"
 
 
+def test_muon_where_it_was_measured_to_win_and_adamw_elsewhere():
+    """30k-200k images: Muon for the blocks' matrices (docs/recipes.md, 3 seeds); the other tiers keep AdamW."""
+    assert plan(fp(50_000))["model.optimizer"] == "muon"
+    assert plan(fp(8000))["model.optimizer"] == plan(fp(1000))["model.optimizer"] == "adamw"
+    assert plan(fp(500_000), machine=GPU)["model.optimizer"] == "adamw"
+
+
+def test_calibration_times_the_planned_optimizer(monkeypatch):
+    from vit import plan as plan_module
+
+    steps = []
+    real = plan_module.MuonWithAdamW.step
+    monkeypatch.setattr(plan_module.MuonWithAdamW, "step", lambda self, *a: steps.append(1) or real(self, *a))
+    cfg = plan_module.ViTConfig(img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2)
+    speeds = plan_module.calibrate([cfg], batch_size=4, optimizer="muon", steps=1, warmup=1)
+    assert len(steps) == 2 and speeds[0] > 0
+    plan_module.calibrate([cfg], batch_size=4, optimizer="adamw", steps=1, warmup=1)
+    assert len(steps) == 2  # AdamW alone: no Muon step
+
+
 @pytest.mark.parametrize("budget", [60, 120, 300, 900])
 def test_the_planned_run_fills_the_budget_within_15_percent(budget):
     f = fp(8000)

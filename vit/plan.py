@@ -32,6 +32,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
 from vit.data import DataError, decode_images
 from vit.model import VisionTransformer, ViTConfig
+from vit.optim import MuonWithAdamW, split_for_muon
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The rule table. Each line: the rule, then the measurement behind it (docs/recipes.md has the sweeps).
@@ -52,14 +53,16 @@ MODELS = [(64, 3, 2), (96, 4, 3), (128, 6, 4), (192, 6, 3), (256, 8, 4)]
 #   64x3 for 59-64 epochs with crop from 80% and no erasing 91.51-91.78%; 96x4 for 27-30 epochs with the same light
 #   augmentation 90.49-90.90%; 64x3 at 49 tokens 3.5 points behind 16 tokens at 300 s (one seed); hence 40 epochs
 #   before width. TrivialAugment stays on for colour images of this tier: not measured (the folder is grayscale);
+#   Muon for the blocks' matrices (vit/optim.py) instead of AdamW: with AdamW 91.51-91.78%, with Muon (torch's,
+#   40 epochs) 91.99% on seed 0 (docs/recipes.md);
 # - the largest tier is timm/DeiT's regularisation for photos: not measured here (no such dataset offline).
 # fmt: off
 TIERS = [
-    # n       model batch want  min  crop_scale   trivialaug erasing mixup
-    (3_000,   1,    64,   60,   20,  (0.8, 1.0),  False,     0.0,    False),
-    (30_000,  2,    128,  40,   30,  (0.8, 1.0),  False,     0.0,    False),
-    (200_000, 3,    128,  50,   40,  (0.8, 1.0),  True,      0.0,    False),
-    (math.inf, 4,   256,  30,   8,   (0.35, 1.0), True,      0.25,   True),
+    # n       model batch want  min  crop_scale   trivialaug erasing mixup  optimizer
+    (3_000,   1,    64,   60,   20,  (0.8, 1.0),  False,     0.0,    False, "adamw"),
+    (30_000,  2,    128,  40,   30,  (0.8, 1.0),  False,     0.0,    False, "adamw"),
+    (200_000, 3,    128,  50,   40,  (0.8, 1.0),  True,      0.0,    False, "muon"),
+    (math.inf, 4,   256,  30,   8,   (0.35, 1.0), True,      0.25,   True,  "adamw"),
 ]
 # fmt: on
 # What each tier's plan reached where it was measured (docs/recipes.md), shown in the plan's table: a reference for
@@ -74,6 +77,7 @@ MEASURED = {
 # 8x8. 16 tokens: a CPU epoch of 8,000 MNIST digits takes ~6 s at 96x4 (vs ~17 s at 49 tokens), and in 5 minutes
 # 49 tokens reached 95.8% against 97.80-98.25%.
 SIDES = [16, 24, 32, 48, 64, 96, 128]
+OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon + AdamW"}
 LR = 2e-3  # AdamW peak at batch 64-128 (configs/digits.yaml's); docs/recipes.md, "learning rate"
 LABEL_SMOOTHING = 0.1  # these three: configs/digits.yaml's measured recipe, not swept again
 WEIGHT_DECAY = 0.05
@@ -292,17 +296,22 @@ def calibrate(
     batch_size: int,
     device: str = "cpu",
     precision: str = "32-true",
+    optimizer: str = "adamw",
     steps: int = 3,
     warmup: int = 2,
 ) -> list[float]:
     """Training images/s of each architecture on this machine at `precision` (Lightning's name: "32-true", or
-    "bf16-mixed" for bf16 autocast): `warmup` + `steps` AdamW steps on a random batch, the median step. The global RNG
-    is left as it was, so that planning does not change the seeded run that follows."""
+    "bf16-mixed" for bf16 autocast): `warmup` + `steps` steps of `optimizer` ("adamw" or "muon": Muon costs ~15% of a
+    64x3 step on a 2-core CPU) on a random batch, the median step. The global RNG is left as it was, so that planning
+    does not change the seeded run that follows."""
     speeds = []
     with torch.random.fork_rng(devices=[]):
         for cfg in archs:
             model = VisionTransformer(cfg).to(device)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            if optimizer == "muon":
+                opt = MuonWithAdamW(*split_for_muon(model, [{"params": list(model.parameters())}]), lr=1e-4)
+            else:
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
             x = torch.randn(batch_size, cfg.in_chans, cfg.img_size, cfg.img_size, device=device)
             y = torch.randint(0, max(1, cfg.num_classes), (batch_size,), device=device)
             times = []
@@ -359,7 +368,7 @@ def make_plan(
     `elapsed_s` are spent), the largest allowed model that still trains MIN epochs, and as many epochs as fit (at most
     the tier's wanted epochs x 2); without, the tier's model and epochs. `speed_fn(archs, batch)` -> images/s
     (default: `calibrate` on this machine; tests pass a fake)."""
-    max_n, max_model, batch, want, min_epochs, crop_scale, trivial, erasing, mixup = tier(fp.n_train)
+    max_n, max_model, batch, want, min_epochs, crop_scale, trivial, erasing, mixup, optimizer = tier(fp.n_train)
     if machine.device == "cuda" and fp.n_train > 30_000:
         batch = max(batch, 256)  # a GPU wants bigger batches; under 30k images they would leave too few steps
     batch = max(1, min(batch, fp.n_train // 8))  # at least 8 steps per epoch on tiny data
@@ -377,7 +386,7 @@ def make_plan(
         )
         for w, d, h in MODELS[: max_model + 1]
     ]
-    speed_fn = speed_fn or (lambda a, b, precision="32-true": calibrate(a, b, machine.device, precision))
+    speed_fn = speed_fn or (lambda a, b, precision="32-true": calibrate(a, b, machine.device, precision, optimizer))
     t0 = time.perf_counter()
     speeds = speed_fn(archs, batch)
     elapsed_s += time.perf_counter() - t0
@@ -439,6 +448,7 @@ def make_plan(
         "model.arch.num_heads": h,
         "model.arch.drop_path_rate": drop_path,
         "model.lr": LR,
+        "model.optimizer": optimizer,
         "model.weight_decay": WEIGHT_DECAY,
         "model.warmup_epochs": warmup,
         "model.label_smoothing": LABEL_SMOOTHING,
@@ -455,7 +465,7 @@ def make_plan(
         ("image sides", f"median {fp.median_side} px", f"{fp.min_side}-{fp.max_side} px, {gray}"),
         ("mirror symmetry", f"{fp.mirror_symmetry:.2f}", f"flips when >= {FLIP_SYMMETRY}"),
         ("machine", str(machine), f"decode ~{fp.decode_s:.0f} s"),
-        ("speed (img/s)", speed_text, f"training steps at batch {batch}, fp32"),
+        ("speed (img/s)", speed_text, f"training steps at batch {batch}, fp32, {OPTIMIZER_NAMES[optimizer]}"),
         (
             "precision",
             precision,
@@ -464,7 +474,7 @@ def make_plan(
         ("img_size, patch", f"{img_size}, {patch}", f"{(img_size // patch) ** 2} tokens"),
         ("model", f"{w} wide, {d} blocks, {h} heads", why_model),
         ("epochs", str(epochs), why_epochs + f"; ~{epoch_s:.1f} s each"),
-        ("batch, lr, warmup", f"{batch}, {LR:g}, {warmup} ep", "AdamW, cosine to 1% after warmup"),
+        ("batch, lr, warmup", f"{batch}, {LR:g}, {warmup} ep", f"{OPTIMIZER_NAMES[optimizer]}, cosine to 1%"),
         (
             "augmentation",
             f"crop {crop_scale[0]:g}-1, flip {'on' if hflip else 'off'}, {overrides['data.init_args.auto_augment']}"
