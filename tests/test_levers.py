@@ -150,3 +150,30 @@ def test_our_muon_steps_as_torch_muon_does(ns_dtype, tol):
     assert set(opt.state[ours[0]]) == set(ref_opt.state[ref[0]]) == {"momentum_buffer"}  # state dicts interchange
     with pytest.raises(ValueError, match="2D matrices only; got a parameter of shape \\(16,\\)"):
         Muon([torch.nn.Parameter(torch.zeros(16))])
+
+
+def test_muon_with_adamw_skips_a_flagged_step_on_the_device():
+    """The non-finite guard's `found_inf` (vit/nonfinite.py): a flagged step with NaN gradients changes no weight
+    and no momentum, in both optimizers; the next clean step trains again. No host read decides it."""
+    from vit.nonfinite import supports_found_inf
+
+    module, conf = _optimizer(optimizer="muon", lr=1e-2, warmup_epochs=0)
+    opt = conf["optimizer"]
+    assert supports_found_inf(opt)
+    params = dict(module.model.named_parameters())
+
+    def step(grad_fill: float, flagged: bool):
+        for p in params.values():
+            p.grad = torch.full_like(p, grad_fill)
+        opt.found_inf = torch.tensor(1.0 if flagged else 0.0)
+        opt.step()
+
+    step(0.1, flagged=False)  # momentum exists now
+    before = {n: p.detach().clone() for n, p in params.items()}
+    momentum = opt.muon.state[params["blocks.0.attn.qkv.weight"]]["momentum_buffer"].clone()
+    step(float("nan"), flagged=True)
+    assert all(torch.equal(p, before[n]) for n, p in params.items())
+    assert torch.equal(opt.muon.state[params["blocks.0.attn.qkv.weight"]]["momentum_buffer"], momentum)
+    step(0.1, flagged=False)
+    assert not torch.equal(params["blocks.0.attn.qkv.weight"], before["blocks.0.attn.qkv.weight"])
+    assert not torch.equal(params["head.weight"], before["head.weight"])

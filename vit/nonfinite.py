@@ -8,14 +8,18 @@ count). The first bad step is recorded on the device; the host reads the record 
 device anyway: at logging steps, at the end of the epoch and before a checkpoint is written, so no checkpoint ever
 holds a skipped step's damage and the error still names the step.
 
-Optimizers without that kernel (anything but fused Adam/AdamW) fall back to a host check per step.
+Optimizers without that kernel (anything but fused Adam/AdamW, and vit/optim.py's Muon + AdamW, which reads it the
+same way) fall back to a host check per step.
 """
 
 import torch
 
 
 def supports_found_inf(optimizer: torch.optim.Optimizer) -> bool:
-    """Fused Adam/AdamW read `optimizer.found_inf` and skip the update when it is 1 (the attribute GradScaler sets)."""
+    """Fused Adam/AdamW read `optimizer.found_inf` and skip the update when it is 1 (the attribute GradScaler sets);
+    so does vit/optim.py's MuonWithAdamW (`skips_on_found_inf`)."""
+    if getattr(optimizer, "skips_on_found_inf", False):
+        return True
     return isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
 
 

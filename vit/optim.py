@@ -33,7 +33,8 @@ def newton_schulz(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
 
 class Muon(torch.optim.Optimizer):
     """`torch.optim.Muon` with `adjust_lr_fn="match_rms_adamw"`, its Newton-Schulz steps batched over matrices of
-    one shape, in fp32 on CPUs and bf16 on GPUs (`ns_dtype` overrides)."""
+    one shape, in fp32 on CPUs and bf16 on GPUs (`ns_dtype` overrides). Like fused AdamW it reads `found_inf` (a
+    device tensor, set by vit/nonfinite.py) and leaves weights and momentum as they were when it is 1: no host sync."""
 
     def __init__(
         self,
@@ -59,6 +60,8 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        found_inf = getattr(self, "found_inf", None)
+        skip = None if found_inf is None else found_inf.bool()  # () on the device
         for group in self.param_groups:
             lr, wd, mom = group["lr"], group["weight_decay"], group["momentum"]
             by_shape: dict[tuple, list] = {}
@@ -69,7 +72,10 @@ class Muon(torch.optim.Optimizer):
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p)
                 buf = state["momentum_buffer"]
-                buf.lerp_(p.grad, 1 - mom)
+                if skip is None:
+                    buf.lerp_(p.grad, 1 - mom)
+                else:  # a skipped step's NaN gradient must not reach the momentum
+                    buf.copy_(torch.where(skip, buf, buf.lerp(p.grad, 1 - mom)))
                 update = p.grad.lerp(buf, mom) if group["nesterov"] else buf
                 by_shape.setdefault(tuple(p.shape), []).append((p, update))
             for (rows, cols), items in by_shape.items():
@@ -80,8 +86,11 @@ class Muon(torch.optim.Optimizer):
                 o = o.mT if tall else o
                 scale = 0.2 * math.sqrt(max(rows, cols))  # match_rms_adamw: the update's RMS is AdamW's
                 for (p, _), oi in zip(items, o):
-                    p.mul_(1 - lr * wd)
-                    p.add_(oi.to(p.dtype), alpha=-lr * scale)
+                    if skip is None:
+                        p.mul_(1 - lr * wd)
+                        p.add_(oi.to(p.dtype), alpha=-lr * scale)
+                    else:
+                        p.copy_(torch.where(skip, p, p * (1 - lr * wd) - (lr * scale) * oi.to(p.dtype)))
         return loss
 
 
@@ -108,6 +117,18 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self.adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, fused=True)
         # The same dict objects: a scheduler writing self.param_groups[i]["lr"] writes the owner's group.
         super().__init__(self.muon.param_groups + self.adamw.param_groups, {"lr": lr})
+
+    # vit/nonfinite.py sets `found_inf` before each step; both optimizers skip the update on the device when it is 1.
+    skips_on_found_inf = True
+
+    @property
+    def found_inf(self) -> torch.Tensor | None:
+        return getattr(self.adamw, "found_inf", None)
+
+    @found_inf.setter
+    def found_inf(self, value: torch.Tensor | None) -> None:
+        self.muon.found_inf = value
+        self.adamw.found_inf = value
 
     @torch.no_grad()
     def step(self, closure=None):
