@@ -80,6 +80,51 @@ def test_muon_where_it_was_measured_to_win_and_adamw_elsewhere():
     assert plan(fp(500_000), machine=GPU)["model.optimizer"] == "adamw"
 
 
+def test_patch_dropout_in_the_first_half_where_it_was_measured_to_win_and_nowhere_else():
+    """30k-200k images: half the patch tokens dropped for the first half of the epochs (docs/recipes.md, 3 seeds)."""
+    p = plan(fp(50_000))
+    assert (p["model.arch.patch_drop_rate"], p["model.patch_drop_until"]) == (0.5, 0.5)
+    for small in (plan(fp(8000)), plan(fp(1000)), plan(fp(500_000), machine=GPU)):
+        assert small["model.arch.patch_drop_rate"] == 0.0 and small["model.patch_drop_until"] == 1.0
+    rows = dict((name, value) for name, value, _ in make_plan(fp(50_000), CPU2, speed_fn=speeds_like_2_cores).rows)
+    assert rows["patch dropout"] == "0.5 of the tokens, first 0.5 of the epochs"
+
+
+@pytest.mark.parametrize("flags", [[], ["--model.arch.attn_pattern", "local"]])
+def test_a_planned_run_drops_patches_early_unless_the_attention_needs_every_token(
+    flags, digits_folder, in_tmp, caplog, monkeypatch
+):
+    import logging
+
+    from vit import plan as plan_module
+
+    # the digits folder's tier with the large tier's patch dropout: the real planned-run code path on small data
+    tiers = [(*plan_module.TIERS[0][:-1], 0.5), *plan_module.TIERS[1:]]
+    tiny = ["--model.arch.depth", "1", "--model.arch.embed_dim", "32", "--model.arch.num_heads", "2"]
+    monkeypatch.setattr(plan_module, "TIERS", tiers)
+    with caplog.at_level(logging.INFO):
+        cli = train.main(
+            [
+                "fit",
+                "--data.root",
+                str(digits_folder),
+                "--trainer.max_epochs",
+                "2",
+                "--trainer.enable_progress_bar",
+                "false",
+                *tiny,
+                *flags,
+            ]
+        )
+    drop = cli.model.model.patch_drop
+    if flags:  # a local window follows the patch grid: every token, and the plan says why
+        assert drop is None and cli.model.hparams.arch["patch_drop_rate"] == 0.0
+        assert "your attention pattern or RoPE needs every token" in caplog.text
+    else:  # on for epoch 0 of 2, off for epoch 1 (the last state the module set)
+        assert cli.model.hparams.arch["patch_drop_rate"] == 0.5 and cli.model.hparams.patch_drop_until == 0.5
+        assert drop is not None and drop.prob == 0.0
+
+
 def test_calibration_times_the_planned_optimizer(monkeypatch):
     from vit import plan as plan_module
 

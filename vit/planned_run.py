@@ -96,6 +96,12 @@ def apply_plan(config, argv: Sequence[str], clock: Callable[[], float] = time.ti
             yours.append(f"{key}={config.get(key)}")
         else:
             config[key] = tuple(value) if isinstance(value, list) else value
+    if config.get("model.arch.patch_drop_rate") and not is_explicit("model.arch.patch_drop_rate", explicit):
+        arch = config.model.arch
+        if arch.get("attn_pattern", "global") != "global" or arch.get("rope") or arch.get("pos_embed") == "rope2d":
+            # your attention follows the patch grid (vit/model.py refuses PatchDropout there): train every token
+            config.model.arch.patch_drop_rate = 0.0
+            plan.rows.append(("patch dropout", "off", "your attention pattern or RoPE needs every token"))
     if is_explicit("trainer.max_epochs", explicit) and not is_explicit("model.warmup_epochs", explicit):
         config.model.warmup_epochs = warmup_epochs(config.trainer.max_epochs or 1)  # 5% of your epochs
     if yours:
