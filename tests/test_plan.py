@@ -90,7 +90,7 @@ def test_patch_dropout_in_the_first_half_where_it_was_measured_to_win_and_nowher
     assert rows["patch dropout"] == "0.5 of the tokens, first 0.5 of the epochs"
 
 
-@pytest.mark.parametrize("flags", [[], ["--model.arch.attn_pattern", "local"]])
+@pytest.mark.parametrize("flags", [[], ["--model.arch.attn_pattern", "local"], ["--model.arch.rope", "true"]])
 def test_a_planned_run_drops_patches_early_unless_the_attention_needs_every_token(
     flags, digits_folder, in_tmp, caplog, monkeypatch
 ):
@@ -117,7 +117,7 @@ def test_a_planned_run_drops_patches_early_unless_the_attention_needs_every_toke
             ]
         )
     drop = cli.model.model.patch_drop
-    if flags:  # a local window follows the patch grid: every token, and the plan says why
+    if flags:  # a local window or RoPE follows the patch grid: every token, and the plan says why
         assert drop is None and cli.model.hparams.arch["patch_drop_rate"] == 0.0
         assert "your attention pattern or RoPE needs every token" in caplog.text
     else:  # on for epoch 0 of 2, off for epoch 1 (the last state the module set)

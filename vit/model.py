@@ -41,6 +41,12 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def follows_patch_grid(attn_pattern: str = "global", rope: bool = False, pos_embed: str = "learned") -> bool:
+    """Whether attention relies on each token's place in the patch grid (local, dilated and sparse masks, rotary
+    embeddings): PatchDropout, which drops tokens, breaks it. The planner asks before it sets patch_drop_rate."""
+    return attn_pattern != "global" or bool(rope) or pos_embed == "rope2d"
+
+
 @dataclass
 class ViTConfig:
     """The architecture: every field the model is built from, its default and its meaning, validated on construction
@@ -163,7 +169,7 @@ class ViTConfig:
             raise ValueError(f"moe_top_k={c.moe_top_k!r} must be between 1 and moe_experts={c.moe_experts}")
         if not _is_number(c.moe_capacity_factor) or c.moe_capacity_factor < 0:
             raise ValueError(f"moe_capacity_factor={c.moe_capacity_factor!r} must be >= 0 (0: no capacity limit)")
-        if c.patch_drop_rate and (c.attn_pattern != "global" or c.rope or c.pos_embed == "rope2d"):
+        if c.patch_drop_rate and follows_patch_grid(c.attn_pattern, c.rope, c.pos_embed):
             raise ValueError(
                 f"patch_drop_rate={c.patch_drop_rate} needs attn_pattern='global' and no RoPE: local patterns and "
                 "rotary embeddings follow the patch grid, which dropped tokens break"

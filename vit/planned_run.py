@@ -18,6 +18,7 @@ import lightning as L
 import yaml
 from lightning.pytorch.utilities import rank_zero_info
 
+from vit.model import follows_patch_grid
 from vit.module import lr_factor, schedule_warmup
 from vit.plan import FIXED_S, Machine, Plan, fingerprint, make_plan, parse_budget, process_start, warmup_epochs
 
@@ -98,7 +99,7 @@ def apply_plan(config, argv: Sequence[str], clock: Callable[[], float] = time.ti
             config[key] = tuple(value) if isinstance(value, list) else value
     if config.get("model.arch.patch_drop_rate") and not is_explicit("model.arch.patch_drop_rate", explicit):
         arch = config.model.arch
-        if arch.get("attn_pattern", "global") != "global" or arch.get("rope") or arch.get("pos_embed") == "rope2d":
+        if follows_patch_grid(arch.get("attn_pattern", "global"), arch.get("rope"), arch.get("pos_embed")):
             # your attention follows the patch grid (vit/model.py refuses PatchDropout there): train every token
             config.model.arch.patch_drop_rate = 0.0
             plan.rows.append(("patch dropout", "off", "your attention pattern or RoPE needs every token"))
