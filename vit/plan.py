@@ -55,9 +55,11 @@ MODELS = [(64, 3, 2), (96, 4, 3), (128, 6, 4), (192, 6, 3), (256, 8, 4)]
 #   augmentation 90.49-90.90%; 64x3 at 49 tokens 3.5 points behind 16 tokens at 300 s (one seed); hence 40 epochs
 #   before width. TrivialAugment stays on for colour images of this tier: not measured (the folder is grayscale);
 #   Muon for the blocks' matrices (vit/optim.py) instead of AdamW: 91.94-92.21% in 45-47 epochs against AdamW's
-#   91.51-91.78% in 59-64 (3 seeds each); batch 256 no faster per epoch and 0.3 points lower (one seed);
+#   91.51-91.78% in 59-64 (3 seeds each); batch 256 no faster per epoch and 0.34 points lower (3 seeds);
 #   PatchDropout (timm's) of half the tokens for the first half of the epochs: those epochs take ~25% less time, so
 #   ~25% more epochs fit (56-58 against 45-47): 92.39-92.70% (3 seeds) against the Muon plan's 91.94-92.21%;
+#   not adopted, 3 seeds each: warmup-stable-decay (mean 92.15% against cosine's 92.11%), progressive resizing
+#   (91.90%), an EMA of the weights (91.45% against AdamW's 91.69%);
 # - the largest tier is timm/DeiT's regularisation for photos: not measured here (no such dataset offline).
 # fmt: off
 TIERS = [
