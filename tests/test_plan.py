@@ -16,6 +16,7 @@ from vit.plan import MODELS, Fingerprint, Machine, make_plan, mirror_symmetry, p
 from vit.planned_run import FitBudget, explicit_keys, is_explicit
 
 CPU2, GPU = Machine("cpu", 2), Machine("cuda", 16, "H200", 139.0)
+TINY_FLAGS = ["--model.arch.depth", "1", "--model.arch.embed_dim", "32", "--model.arch.num_heads", "2"]
 
 
 def fp(n_train, n_val=None, classes=10, side=28, symmetry=0.3, gray=1.0, decode_s=5.0):
@@ -100,7 +101,6 @@ def test_a_planned_run_drops_patches_early_unless_the_attention_needs_every_toke
 
     # the digits folder's tier with the large tier's patch dropout: the real planned-run code path on small data
     tiers = [(*plan_module.TIERS[0][:-1], 0.5), *plan_module.TIERS[1:]]
-    tiny = ["--model.arch.depth", "1", "--model.arch.embed_dim", "32", "--model.arch.num_heads", "2"]
     monkeypatch.setattr(plan_module, "TIERS", tiers)
     with caplog.at_level(logging.INFO):
         cli = train.main(
@@ -112,7 +112,7 @@ def test_a_planned_run_drops_patches_early_unless_the_attention_needs_every_toke
                 "2",
                 "--trainer.enable_progress_bar",
                 "false",
-                *tiny,
+                *TINY_FLAGS,
                 *flags,
             ]
         )
@@ -313,7 +313,6 @@ def test_a_budget_resizes_the_run_and_rewrites_plan_yaml(digits_folder, in_tmp, 
 def test_max_time_is_taken_as_the_budget_instead_of_a_cut(digits_folder, in_tmp, caplog):
     import logging
 
-    tiny = ["--model.arch.depth", "1", "--model.arch.embed_dim", "32", "--model.arch.num_heads", "2"]
     with caplog.at_level(logging.INFO):
         cli = train.main(
             [
@@ -326,7 +325,7 @@ def test_max_time_is_taken_as_the_budget_instead_of_a_cut(digits_folder, in_tmp,
                 "1",
                 "--trainer.enable_progress_bar",
                 "false",
-                *tiny,
+                *TINY_FLAGS,
             ]
         )
     assert not any(type(cb).__name__ == "Timer" for cb in cli.trainer.callbacks)  # no cut mid-schedule
