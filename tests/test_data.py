@@ -1,64 +1,17 @@
-import hashlib
-import pickle
-import tarfile
-
 import numpy as np
 import pytest
 import torch
+from formats import trust_cifar_checksums, write_cifar
 from PIL import Image
-from torchvision import datasets
 
 from vit.data import CIFAR10_CLASSES, CIFARDataModule, DataError, DigitsDataModule, ImageFolderDataModule, load_image
 from vit.device_data import DeviceBatches
 
 
-def _md5(path) -> str:
-    return hashlib.md5(path.read_bytes()).hexdigest()
-
-
-def write_tiny_cifar10(root, n_per_batch=4, seed=0):
-    """CIFAR-10 in torchvision's exact on-disk layout: cifar-10-batches-py/ with five pickled training batches, a test
-    batch and batches.meta (str keys, as the original Python 2 pickles read with encoding='latin1'); also packed as
-    cifar-10-python.tar.gz. Returns {file name: md5} and the data, to patch torchvision's expected checksums."""
-    rng = np.random.default_rng(seed)
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    data = {}
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        x = rng.integers(0, 256, size=(n_per_batch, 3072), dtype=np.uint8)  # rows of R(1024) G(1024) B(1024)
-        y = rng.integers(0, 10, size=n_per_batch).tolist()
-        data[name] = (x, y)
-        with open(folder / name, "wb") as f:
-            pickle.dump(
-                {
-                    "batch_label": name,
-                    "labels": y,
-                    "data": x,
-                    "filenames": [f"{name}_{i}.png" for i in range(n_per_batch)],
-                },
-                f,
-                protocol=2,
-            )
-    with open(folder / "batches.meta", "wb") as f:
-        pickle.dump(
-            {"label_names": CIFAR10_CLASSES, "num_cases_per_batch": n_per_batch, "num_vis": 3072}, f, protocol=2
-        )
-    with tarfile.open(root / "cifar-10-python.tar.gz", "w:gz") as tar:
-        tar.add(folder, arcname="cifar-10-batches-py")
-    md5 = {p.name: _md5(p) for p in folder.iterdir()}
-    md5["cifar-10-python.tar.gz"] = _md5(root / "cifar-10-python.tar.gz")
-    return md5, data
-
-
 @pytest.fixture
 def tiny_cifar(tmp_path, monkeypatch):
-    md5, data = write_tiny_cifar10(tmp_path)
-    # torchvision checks each file against the real CIFAR's md5: point those checks at our tiny files.
-    cls = datasets.CIFAR10
-    monkeypatch.setattr(cls, "train_list", [[n, md5[n]] for n, _ in cls.train_list])
-    monkeypatch.setattr(cls, "test_list", [[n, md5[n]] for n, _ in cls.test_list])
-    monkeypatch.setattr(cls, "meta", {**cls.meta, "md5": md5["batches.meta"]})
-    monkeypatch.setattr(cls, "tgz_md5", md5["cifar-10-python.tar.gz"])
+    md5, data = write_cifar(tmp_path)
+    trust_cifar_checksums(monkeypatch, "cifar10", md5)
     return tmp_path, data
 
 

@@ -7,6 +7,7 @@ preprocess an image the way training did: `num_classes`, `class_names`, `img_siz
 
 import logging
 import os
+import pickle
 import time
 from functools import partial
 from pathlib import Path
@@ -22,6 +23,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 from torchvision.transforms import v2
 
 from vit.augment import BatchAutoAugment
+from vit.dataset_files import cifar_problem
 from vit.device_data import DeviceBatches
 from vit.images import describe, eval_geometry, load_image, read_image
 
@@ -292,6 +294,14 @@ class CIFARDataModule(ImageClassificationData):
         cls = datasets.CIFAR10 if self.dataset == "cifar10" else datasets.CIFAR100
         try:
             ds = cls(self.root, train=train, transform=transform, download=self.download)
+        except (KeyError, ValueError, TypeError, AttributeError, EOFError, pickle.UnpicklingError) as e:
+            # the files are there (their checksums passed) but not in the layout torchvision reads: name the file
+            folder = Path(self.root, cls.base_folder)
+            cifar10 = self.dataset == "cifar10"
+            labels, names = ("labels", "label_names") if cifar10 else ("fine_labels", "fine_label_names")
+            batches = [n for n, _ in cls.train_list + cls.test_list]
+            problem = cifar_problem(folder, batches, cls.meta["filename"], labels, names)
+            raise DataError(problem or f"{folder}: not readable as {self.dataset} ({type(e).__name__}: {e})") from None
         except (OSError, RuntimeError) as e:  # URLError is an OSError; torchvision raises RuntimeError if absent
             reason = getattr(e, "reason", None) or str(e).splitlines()[0]
             raise DataError(

@@ -33,6 +33,7 @@ from vit.data import (
     batch_policy,
     decode_images,
 )
+from vit.dataset_files import first_idx_problem
 
 # name -> (torchvision class, how to ask for the training and the validation split). The names are timm's
 # (timm.data.dataset_factory: cifar10, cifar100, mnist, kmnist, fashion_mnist, qmnist, inaturalist, places365,
@@ -198,7 +199,16 @@ class TorchvisionDataModule(ImageClassificationData):
             if cls.__name__ in NO_DOWNLOAD:
                 return cls(str(self.root), **kwargs)
             return cls(str(self.root), download=download, **kwargs)
-        except (OSError, RuntimeError) as e:  # URLError is an OSError; torchvision raises RuntimeError if absent
+        except (AssertionError, KeyError, ValueError, TypeError, IndexError, EOFError, OSError, RuntimeError) as e:
+            # Files that are there but not in the layout torchvision reads (an idx file of another kind, truncated)
+            # are named; otherwise the files are missing (URLError is an OSError; torchvision raises RuntimeError).
+            if isinstance(e, DataError):
+                raise
+            problem = first_idx_problem(self.root / cls.__name__)  # torchvision keeps each set in root/<Class>/
+            if problem:
+                raise DataError(problem) from None
+            if not isinstance(e, (OSError, RuntimeError)):
+                raise DataError(f"torch/{self.name} in {self.root}/: unreadable ({type(e).__name__}: {e})") from None
             reason = " ".join((str(getattr(e, "reason", "") or e)).split())[:120]
             raise DataError(
                 f"torch/{self.name} not found in {self.root}/ and not downloadable ({reason}): "

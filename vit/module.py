@@ -19,6 +19,7 @@ from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from torchmetrics.classification import MulticlassAccuracy
 
+from vit.gradients import clip_by_norm_, clip_by_value_, grads_of, total_norm
 from vit.interop import load_timm_weights
 from vit.model import VisionTransformer, ViTConfig
 from vit.moe import MoEMlp
@@ -168,6 +169,7 @@ class ViTClassifier(L.LightningModule):
         self.test_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
         self._guard, self._guard_on_device, self._skipped = NonFiniteGuard(), False, 0
+        self._grad_norm: torch.Tensor | None = None  # () of this step's gradients, set in on_before_optimizer_step
 
     def configure_model(self) -> None:
         # In place, so that state-dict keys stay `model.*` (self.model = torch.compile(...) would add `_orig_mod.`).
@@ -225,10 +227,31 @@ class ViTClassifier(L.LightningModule):
         )
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        if self._guard_on_device:
+        # The gradients' total norm, once per step on the device: the non-finite check and clipping by norm share it.
+        trainer, self._grad_norm = self._trainer, None
+        clip_norm = trainer is not None and trainer.gradient_clip_val and trainer.gradient_clip_algorithm != "value"
+        if self._guard_on_device or clip_norm:
             opt = getattr(optimizer, "optimizer", optimizer)  # the torch optimizer inside a LightningOptimizer
-            params = [p for group in opt.param_groups for p in group["params"]]
-            self._guard.before_optimizer_step(opt, params, self.global_step, self.trainer.world_size)
+            self._grad_norm = total_norm(grads_of(opt))
+        if self._guard_on_device:
+            world = trainer.world_size if trainer is not None else 1
+            self._guard.before_optimizer_step(opt, self._grad_norm, self.global_step, world)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """`--trainer.gradient_clip_val` (by "norm", the default, or "value"), on the device for every optimizer and
+        precision: Lightning's own clipping refuses fused AdamW under bf16-mixed (vit/gradients.py says why)."""
+        if not gradient_clip_val:
+            return
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            # 16-mixed: the gradients are still multiplied by the loss scale here; Lightning unscales before clipping
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        grads = grads_of(getattr(optimizer, "optimizer", optimizer))
+        if gradient_clip_algorithm == "value":
+            clip_by_value_(grads, gradient_clip_val)
+        else:
+            norm = self._grad_norm if self._grad_norm is not None else total_norm(grads)
+            clip_by_norm_(grads, gradient_clip_val, norm)
 
     def _check_nonfinite(self) -> None:
         """Read the device record (a sync; only where Lightning syncs anyway): stop naming the step, or count it."""

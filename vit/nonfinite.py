@@ -2,7 +2,8 @@
 
 `if not torch.isfinite(loss)` in a training step makes the host wait for the device (a synchronisation per step on
 GPU). Instead the decision stays on the device, as under torch's GradScaler: before each optimizer step the guard
-checks the loss (and with several processes the all-reduced gradients, so every rank decides the same) and sets
+checks every micro-batch's loss and the total norm of the gradients (all-reduced under DDP, so every rank decides the
+same; the norm is the one gradient clipping uses, vit/gradients.py) and sets
 the optimizer's `found_inf`, which makes fused Adam/AdamW skip the update in its kernel (and take back its step
 count). The first bad step is recorded on the device; the host reads the record only where Lightning waits for the
 device anyway: at logging steps, at the end of the epoch and before a checkpoint is written, so no checkpoint ever
@@ -24,14 +25,18 @@ def supports_found_inf(optimizer: torch.optim.Optimizer) -> bool:
 
 
 class NonFiniteGuard:
-    """Device-side record of non-finite steps: which came first (global step, its loss) and how many there were."""
+    """Device-side record of non-finite steps: which came first (global step, its loss) and how many there were.
+
+    A step is non-finite when the loss of any of its micro-batches (`accumulate_grad_batches`) is, or when the total
+    norm of the gradients about to be applied is (a finite loss can still give infinite gradients)."""
 
     def __init__(self) -> None:
         self.first_step: torch.Tensor | None = None  # () int64, -1: none yet
         self.first_loss: torch.Tensor | None = None  # () float32, the loss of that step
         self.count: torch.Tensor | None = None  # () int64
         self.positions: dict[int, tuple[int, int]] = {}  # global step -> (epoch, batch): host ints, names the step
-        self.last_loss: torch.Tensor | None = None
+        self.loss_bad: torch.Tensor | None = None  # () bool: a micro-batch of the pending step had a non-finite loss
+        self.loss: torch.Tensor | None = None  # () float32: that micro-batch's loss (else the latest one)
 
     def _reset(self, device: torch.device) -> None:
         self.first_step = torch.full((), -1, dtype=torch.long, device=device)
@@ -39,32 +44,37 @@ class NonFiniteGuard:
         self.count = torch.zeros((), dtype=torch.long, device=device)
 
     def on_loss(self, loss: torch.Tensor, step: int, epoch: int, batch: int) -> None:
-        self.last_loss = loss.detach().float()
+        """Record a micro-batch's loss; with gradient accumulation several come before one optimizer step."""
+        loss = loss.detach().float()
+        bad = ~torch.isfinite(loss)
+        if self.loss_bad is None:
+            self.loss_bad, self.loss = bad, loss
+        else:  # keep the first non-finite micro-batch's loss: it names what went wrong
+            self.loss = torch.where(self.loss_bad, self.loss, loss)
+            self.loss_bad = self.loss_bad | bad
         self.positions[step] = (epoch, batch)
 
     def before_optimizer_step(
-        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor], step: int, world_size: int = 1
+        self, optimizer: torch.optim.Optimizer, grad_norm: torch.Tensor, step: int, world_size: int = 1
     ) -> None:
-        """Set `optimizer.found_inf` (a device tensor) and record the step if the loss or a gradient is not finite."""
-        if self.last_loss is None:
+        """Set `optimizer.found_inf` (a device tensor) and record the step if a loss or the gradients' total norm
+        (vit/gradients.py, computed once for this check and for clipping) is not finite."""
+        if self.loss_bad is None:
             return
-        device = self.last_loss.device
+        device = self.loss.device
         if self.first_step is None or self.first_step.device != device:
             self._reset(device)
-        bad = ~torch.isfinite(self.last_loss)  # a NaN or inf loss makes NaN gradients
-        if world_size > 1:
-            # Ranks can disagree on their own loss; after DDP's all-reduce they share the gradients, so the skip is
-            # decided from those (a NaN or inf anywhere makes its norm NaN or inf; one kernel for all the norms).
-            grads = [p.grad for p in params if p.grad is not None]
-            found = ~torch.isfinite(torch.stack(torch._foreach_norm(grads))).all() if grads else torch.zeros_like(bad)
-            bad = bad | found
-        else:
-            found = bad
+        grads_bad = ~torch.isfinite(grad_norm.to(device))
+        bad = self.loss_bad | grads_bad
+        # With several processes the ranks can disagree on their own loss; after DDP's all-reduce they share the
+        # gradients (a NaN anywhere makes every rank's norm NaN), so the skip is decided from those alone.
+        found = grads_bad if world_size > 1 else bad
         optimizer.found_inf = found.float()  # read inside the fused kernel: no host sync
         hit = bad & (self.first_step < 0)
         self.first_step = torch.where(hit, step, self.first_step)
-        self.first_loss = torch.where(hit, self.last_loss, self.first_loss)
+        self.first_loss = torch.where(hit, self.loss, self.first_loss)
         self.count += bad
+        self.loss_bad = self.loss = None
 
     def take(self) -> tuple[int, int, int, int, float] | None:
         """Host read (a sync): None when every step since the last take was finite, else (count, step, epoch, batch,

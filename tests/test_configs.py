@@ -1,0 +1,124 @@
+"""Every shipped config trains as shipped: a few steps each on tiny data in the exact on-disk format its data module
+reads (CIFAR archives, a folder of PNGs, litdata chunks, MNIST's idx files, a timm weights file). Only the trainer's
+length and batch count are limited: precision, clipping, augmentation, optimizer and model are the config's.
+
+    pytest -m configs          # these alone
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from formats import trust_cifar_checksums, write_cifar
+from PIL import Image
+from test_datasets import write_mnist
+
+import train
+from vit.checkpoint import load_model
+
+CONFIG_DIR = Path(__file__).parent.parent / "configs"
+CONFIGS = sorted(p.name for p in CONFIG_DIR.glob("*.yaml"))
+VARIANTS = sorted(p.name for p in (CONFIG_DIR / "variants").glob("*.yaml"))
+# The trainer's length and batch count, nothing else.
+LIMITS = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+pytestmark = pytest.mark.configs
+
+
+def _png_folder(root: Path, classes=("a", "b", "c"), n=24) -> None:
+    rng = np.random.default_rng(0)
+    for c in classes:
+        (root / c).mkdir(parents=True)
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 256, (28 + i % 5, 30, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+
+
+def _data_for(config: str, root: Path, monkeypatch) -> list[str]:
+    """Write the files the config reads, relative to root (the working folder); the flags it needs besides."""
+    if config.startswith("cifar"):
+        dataset = "cifar100" if "100" in config else "cifar10"
+        md5, _ = write_cifar(root / "data", dataset, n_train=260, n_test=8)  # two batches of 128
+        trust_cifar_checksums(monkeypatch, dataset, md5)
+    if config == "cifar10_finetune.yaml":
+        import timm
+        from safetensors.torch import save_file
+
+        vit_s = timm.create_model("vit_small_patch16_224", pretrained=False)  # the architecture, never the hub
+        (root / "weights").mkdir()
+        save_file(vit_s.state_dict(), str(root / "weights" / "vit_small_patch16_224.safetensors"))
+        # ViT-S/16 at 224 px, batch 128: one step is enough (~35 s in bf16 on a 2-core CPU); its attention maps would
+        # add 50 s (the callback is tested on the small configs and in tests/test_callbacks.py)
+        return ["--trainer.limit_train_batches=1", "--attention_maps.every_n_epochs=0"]
+    if config == "folder.yaml":
+        _png_folder(root / "images")
+        return ["--data.root", str(root / "images")]
+    if config == "mnist.yaml":
+        write_mnist(root / "data", "MNIST", n_train=260, n_test=20)
+        return ["--data.init_args.download=false"]
+    if config == "streaming.yaml":
+        from vit.commands.streaming import main as streaming
+
+        _png_folder(root / "images" / "train", n=70)  # batch 64 needs more than one batch of training images
+        _png_folder(root / "images" / "val", n=4)
+        assert streaming(["optimize", str(root / "images"), str(root / "chunks")]) == 0
+    return []
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_config_trains_as_shipped(config, in_tmp, monkeypatch):
+    extra = _data_for(config, in_tmp, monkeypatch)
+    cli = train.main(["fit", "--config", f"configs/{config}", *LIMITS, *QUIET, *extra])
+    assert cli.trainer.global_step >= 1
+    last = next(in_tmp.glob("checkpoints/*/version_0/last.ckpt"))
+    model, _ = load_model(last)
+    cfg = model.cfg
+    assert (cfg.num_classes, cfg.img_size) == (cli.datamodule.num_classes, cli.datamodule.img_size)
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.zeros(1, cfg.in_chans, cfg.img_size, cfg.img_size))).all()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_trains_on_top_of_digits(variant, in_tmp):
+    cli = train.main(
+        ["fit", "--config", "configs/digits.yaml", "--config", f"configs/variants/{variant}", *LIMITS, *QUIET]
+    )
+    assert cli.trainer.global_step == 2
+    assert torch.isfinite(torch.stack([p.detach().sum() for p in cli.model.parameters()])).all()
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "cifar100"])
+def test_a_cifar_batch_pickled_with_bytes_keys_is_one_line_naming_it(dataset, in_tmp, monkeypatch):
+    md5, _ = write_cifar(in_tmp / "data", dataset, n_train=10, n_test=2, bytes_keys=True)
+    trust_cifar_checksums(monkeypatch, dataset, md5)  # the checksums pass: only the layout is wrong
+    with pytest.raises(SystemExit) as e:
+        train.main(["--config", f"configs/{dataset}.yaml"])
+    message = str(e.value.code)
+    assert message.startswith("error: data/cifar-") and "keys are bytes" in message and "\n" not in message
+
+
+def test_a_cifar_meta_file_without_label_names_is_one_line_naming_it(in_tmp, monkeypatch):
+    import pickle
+
+    md5, _ = write_cifar(in_tmp / "data", "cifar10", n_train=10, n_test=2)
+    meta = in_tmp / "data" / "cifar-10-batches-py" / "batches.meta"
+    meta.write_bytes(pickle.dumps({"names": ["x"]}, protocol=2))
+    md5["batches.meta"] = __import__("hashlib").md5(meta.read_bytes()).hexdigest()
+    trust_cifar_checksums(monkeypatch, "cifar10", md5)
+    with pytest.raises(SystemExit) as e:
+        train.main(["--config", "configs/cifar10.yaml"])
+    assert str(e.value.code) == "error: data/cifar-10-batches-py/batches.meta: no key 'label_names' (has ['names'])"
+
+
+@pytest.mark.parametrize("damage", ["magic", "truncated"])
+def test_a_foreign_or_truncated_mnist_file_is_one_line_naming_it(damage, in_tmp):
+    write_mnist(in_tmp / "data", "MNIST", n_train=20, n_test=10)
+    path = in_tmp / "data" / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    raw = path.read_bytes()
+    path.write_bytes(b"\x00\x00\x09\x99" + raw[4:] if damage == "magic" else raw[:-100])
+    with pytest.raises(SystemExit) as e:
+        train.main(["--config", "configs/mnist.yaml", "--data.init_args.download=false"])
+    message = str(e.value.code)
+    assert message.startswith("error: data/MNIST/raw/train-images-idx3-ubyte: ") and "\n" not in message
+    assert ("magic number 0x999" if damage == "magic" else "needs 15696") in message, message

@@ -1,0 +1,105 @@
+"""Gradient clipping on the device (vit/gradients.py): equal to torch's clip_grad_norm_ / clip_grad_value_, and
+chosen by Lightning's `gradient_clip_val` / `gradient_clip_algorithm` for every optimizer and precision we train
+with."""
+
+import copy
+
+import lightning as L
+import pytest
+import torch
+
+from vit.data import DigitsDataModule
+from vit.gradients import clip_by_norm_, clip_by_value_, total_norm
+from vit.model import ViTConfig
+from vit.module import ViTClassifier
+
+
+def _grads(seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g) * s for shape, s in (((8, 16), 3.0), ((16,), 0.1), ((4, 3, 2, 2), 10.0))]
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e3])  # one that clips, one that leaves the gradients as they are
+def test_clip_by_norm_equals_torch_clip_grad_norm(max_norm):
+    ours, ref = _grads(), _grads()
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in ref]
+    for p, g in zip(params, ref):
+        p.grad = g
+    expected = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    norm = total_norm(ours)
+    torch.testing.assert_close(norm, expected)
+    clip_by_norm_(ours, max_norm, norm)
+    for a, p in zip(ours, params):
+        torch.testing.assert_close(a, p.grad, rtol=0, atol=0)
+
+
+def test_clip_by_value_equals_torch_clip_grad_value():
+    ours, ref = _grads(1), _grads(1)
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in ref]
+    for p, g in zip(params, ref):
+        p.grad = g
+    torch.nn.utils.clip_grad_value_(params, 0.7)
+    clip_by_value_(ours, 0.7)
+    for a, p in zip(ours, params):
+        assert torch.equal(a, p.grad)
+
+
+def test_a_nan_gradient_makes_the_norm_nan():
+    grads = _grads()
+    grads[1][3] = float("nan")
+    assert torch.isnan(total_norm(grads))
+
+
+class _RecordClipping(L.Callback):
+    """Around the module's clipping: the gradients before and after, each step."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_train_start(self, trainer, module):
+        original = module.configure_gradient_clipping
+
+        def wrapped(optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+            params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            before = [p.grad.detach().clone() for p in params]
+            original(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            self.steps.append((before, [p.grad.detach().clone() for p in params]))
+
+        module.configure_gradient_clipping = wrapped
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+def test_clipping_trains_with_fused_adamw_and_muon_in_fp32_and_bf16(precision, optimizer, algorithm):
+    """Lightning's own clipping raises for fused AdamW under bf16-mixed; ours clips every step as torch would."""
+    clip = 0.05 if algorithm == "norm" else 1e-3  # small enough that every step clips
+    module = ViTClassifier(arch=ViTConfig(embed_dim=32, depth=1, num_heads=2, patch_size=8), optimizer=optimizer)
+    record = _RecordClipping()
+    trainer = L.Trainer(
+        max_steps=2,
+        precision=precision,
+        gradient_clip_val=clip,
+        gradient_clip_algorithm=algorithm,
+        callbacks=[record],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    before = copy.deepcopy(module.model.state_dict())
+    trainer.fit(module, datamodule=DigitsDataModule(batch_size=16))
+    assert trainer.global_step == 2 and len(record.steps) == 2
+    for raw, clipped in record.steps:
+        params = [torch.nn.Parameter(torch.zeros_like(g)) for g in raw]
+        for p, g in zip(params, raw):
+            p.grad = g.clone()
+        if algorithm == "norm":
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        else:
+            torch.nn.utils.clip_grad_value_(params, clip)
+        for got, p in zip(clipped, params):
+            torch.testing.assert_close(got, p.grad)
+    after = module.model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the clipped steps were applied
