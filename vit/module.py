@@ -58,7 +58,7 @@ class ViTClassifier(L.LightningModule):
             ran 20% faster but compiling took 31 s (cold cache), more than make train's 60 epochs win back.
         ema_decay: keep an exponential moving average of the weights, updated every step with this decay (0: off;
             0.999 averages over ~1,000 steps), and use it for validation and in the saved checkpoints (what predict,
-            export and serve load): Lightning's EMAWeightAveraging callback.
+            export and serve load): Lightning's EMAWeightAveraging callback over vit/ema.py's DeviceEMA.
         optimizer: "adamw", or "muon": `torch.optim.Muon` for the blocks' 2D matrices and AdamW for the rest, at
             the same lr and weight decay (vit/optim.py).
         schedule: after warmup, "cosine" to `lr * min_lr_ratio`, or "wsd" (warmup-stable-decay): the peak lr until
@@ -179,9 +179,9 @@ class ViTClassifier(L.LightningModule):
 
     def configure_callbacks(self) -> list[L.Callback]:
         if self.hparams.get("ema_decay", 0.0) > 0:
-            from lightning.pytorch.callbacks import EMAWeightAveraging
+            from vit.ema import EMA  # Lightning's EMAWeightAveraging without its two host reads a step
 
-            return [EMAWeightAveraging(decay=self.hparams.ema_decay)]
+            return [EMA(decay=self.hparams.ema_decay)]
         return []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -205,7 +205,8 @@ class ViTClassifier(L.LightningModule):
             aux = torch.stack([m.aux_loss for m in self._moe_layers]).sum()
             loss = loss + self.hparams.moe_aux_weight * aux
             self.log("train/moe_aux_loss", aux)
-            self._expert_counts += torch.stack([m.expert_counts for m in self._moe_layers])
+            counts = torch.stack([m.expert_counts for m in self._moe_layers])  # (blocks, E) on the device
+            self._expert_counts = self._expert_counts.to(counts.device) + counts
         if self._guard_on_device:  # checked on the device before the update (on_before_optimizer_step)
             self._guard.on_loss(loss, self.global_step, self.current_epoch, batch_idx)
         elif not torch.isfinite(loss):  # an optimizer without `found_inf`: a host check (a sync) per step
@@ -281,7 +282,7 @@ class ViTClassifier(L.LightningModule):
         tb = next((lg for lg in self.loggers if isinstance(lg, TensorBoardLogger)), None)
         if tb is not None and self.trainer.is_global_zero:
             experts = torch.arange(self._expert_counts.shape[1])
-            for i, counts in enumerate(self._expert_counts):
+            for i, counts in enumerate(self._expert_counts.cpu()):  # once an epoch
                 if counts.sum():
                     tb.experiment.add_histogram(
                         f"moe/expert_usage/layer_{i}",

@@ -4,7 +4,6 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from timm.layers import Mlp
 
 
@@ -34,21 +33,25 @@ class MoEMlp(nn.Module):
         self.expert_counts = torch.zeros(num_experts, dtype=torch.long)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Capacity-padded dispatch: every shape is known from (B, N) alone, so nothing is read back to the host (a
+        # `nonzero` per expert was a synchronisation per expert and block on a GPU, and broke torch.compile's graph).
         B, N, D = x.shape
         tokens = x.reshape(-1, D)  # (T, D)
         probs, experts, weights = route(self.router(tokens), self.top_k)  # (T, E), (T, k), (T, k)
         T, E = tokens.shape[0], self.num_experts
-        capacity = math.ceil(self.capacity_factor * T * self.top_k / E) if self.capacity_factor > 0 else T
-        out = torch.zeros_like(tokens)
-        counts = []
-        for e, expert in enumerate(self.experts):
-            token_idx, slot = (experts == e).nonzero(as_tuple=True)  # tokens routed to e, in token order
-            token_idx, slot = token_idx[:capacity], slot[:capacity]  # over capacity: dropped for this expert
-            counts.append(token_idx.numel())
-            if token_idx.numel():
-                y = expert(tokens[token_idx]) * weights[token_idx, slot, None].to(tokens.dtype)
-                out = out.index_add(0, token_idx, y)
-        first = F.one_hot(experts[:, 0], E).float().mean(dim=0)  # f_e
+        C = math.ceil(self.capacity_factor * T * self.top_k / E) if self.capacity_factor > 0 else T  # capacity
+        flat = experts.reshape(-1)  # (T * k,) in token order, then slot: the order in which experts fill up
+        chosen = flat[:, None] == torch.arange(E, device=x.device)  # (T * k, E)
+        position = (chosen.long().cumsum(0) - 1).gather(1, flat[:, None]).squeeze(1)  # place in its expert's queue
+        kept = position < C  # over capacity: dropped for this expert (the residual carries the token)
+        slot = torch.where(kept, flat * C + position, E * C)  # row of the (E * C + 1, D) buffer; E * C: discarded
+        source = torch.arange(T, device=x.device)[:, None].expand(T, self.top_k).reshape(-1)  # (T * k,) its token
+        buffer = tokens.new_zeros(E * C + 1, D).index_add(0, slot, tokens[source])  # each kept row written once
+        done = torch.cat([expert(buffer[e * C : (e + 1) * C]) for e, expert in enumerate(self.experts)])  # (E * C, D)
+        done = torch.cat([done, done.new_zeros(1, D)])
+        gate = weights.reshape(-1, 1).to(tokens.dtype) * kept[:, None]  # (T * k, 1)
+        out = torch.zeros_like(tokens).index_add(0, source, done[slot] * gate)
+        first = torch.zeros(E, device=x.device).index_add(0, experts[:, 0], torch.ones(T, device=x.device)) / T  # f_e
         self.aux_loss = E * (first * probs.mean(dim=0)).sum()
-        self.expert_counts = torch.tensor(counts)
+        self.expert_counts = chosen.sum(0).clamp(max=C)  # (E,) tokens each expert received, on the device
         return out.reshape(B, N, D)
