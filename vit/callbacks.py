@@ -12,6 +12,7 @@ from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import make_grid
 
 from vit.attention_maps import MeanDistancePlot, _resize, attention_panels, denormalize, overlay_batch, relevance
+from vit.device_data import IGNORE
 from vit.faithfulness import auc, curves, patch_scores
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,8 @@ class AttentionMapCallback(L.Callback):
                 n += len(xs[-1])
                 if n >= want:
                     break
-            self._all_images, self._labels = torch.cat(xs), torch.cat(ys)
+            keep = torch.cat(ys) != IGNORE  # DDP padding of the in-memory path is no image to show
+            self._all_images, self._labels = torch.cat(xs)[keep], torch.cat(ys)[keep]
             self._images = self._all_images[: self.num_images]
         return self._images
 

@@ -17,8 +17,9 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file and the reason in one line."""
 
 
-def load_checkpoint(path: str | Path) -> dict:
-    """Read a Lightning checkpoint of this toolkit safely. Raises CheckpointError naming the file."""
+def load_checkpoint(path: str | Path, toolkit: bool = True) -> dict:
+    """Read a Lightning checkpoint of this toolkit safely. Raises CheckpointError naming the file. `toolkit=False`:
+    any plain-data file (Lightning's ddp_spawn hands rank zero's weights back to the launcher as a bare state dict)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
@@ -30,7 +31,7 @@ def load_checkpoint(path: str | Path) -> dict:
     except Exception as e:  # a damaged file fails anywhere inside the unpickler: KeyError, EOFError, RuntimeError...
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or another format: {first})") from None
-    if (
+    if toolkit and (
         not isinstance(ckpt, dict)
         or not isinstance(ckpt.get("state_dict"), dict)
         or not isinstance(ckpt.get("hyper_parameters"), dict)

@@ -35,4 +35,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.close(dir_fd)
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
-        return load_checkpoint(path)  # weights_only=True, CheckpointError naming the file
+        # weights_only=True, CheckpointError naming the file; the toolkit's own layout is checked where a user's file
+        # comes in (train.py's --ckpt_path), not here: ddp_spawn reads back a bare state dict through this too
+        return load_checkpoint(path, toolkit=False)

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from vit.augment import BatchAutoAugment
 from vit.crops import crop_flip, crop_flip_params, erase, random_erasing_boxes, random_resized_crop_boxes, resized_crop
 
+IGNORE = -100  # the target of an evaluation padding item: F.cross_entropy's and the metrics' ignore_index
+
 
 class DeviceBatches:
     """Batches of (normalised float images, targets) from uint8 images held on one device.
@@ -33,7 +35,11 @@ class DeviceBatches:
         out_size: upsample the batch to out_size x out_size (bilinear) after augmentation, e.g. CIFAR at 224 px
             for an ImageNet-pretrained ViT.
         rank, world_size: data-parallel shard, as DistributedSampler: rank r takes positions r, r + W, ... of the
-            epoch's permutation, so W ranks of batch b see the same images as one process of batch W * b.
+            epoch's permutation, so W ranks of batch b see the same images as one process of batch W * b. The
+            permutation is padded to a multiple of W so that every rank has the same number of batches (a rank with
+            one batch fewer leaves the others waiting in an all-reduce forever): in training with the first images
+            again, as DistributedSampler does; in evaluation with targets of IGNORE, which the metrics and the loss
+            leave out, so that nothing is counted twice.
     """
 
     def __init__(
@@ -62,7 +68,8 @@ class DeviceBatches:
         self.crop_padding, self.hflip = crop_padding, hflip
         self.rrc_scale, self.auto_augment, self.erasing = rrc_scale, auto_augment, erasing
         self.seed, self.rank, self.world_size, self.out_size = seed, rank, world_size, out_size
-        self.drop_last = train and len(images) // world_size > batch_size if drop_last is None else drop_last
+        self.per_rank = -(-len(images) // world_size)  # every rank's share, padded
+        self.drop_last = train and self.per_rank > batch_size if drop_last is None else drop_last
         mean = torch.tensor(mean, dtype=torch.float32, device=images.device)[:, None, None] * 255
         std = torch.tensor(std, dtype=torch.float32, device=images.device)[:, None, None] * 255
         # ToDtype(scale=True) + Normalize as one multiply-add in place: (x / 255 - mean) / std == x * scale + shift
@@ -84,17 +91,21 @@ class DeviceBatches:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self._resume_at = int(state["epoch"]), int(state["next"])
 
-    def _positions(self) -> torch.Tensor:
+    def _positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's image indices for the epoch, (per_rank,), and which of them are padding, (per_rank,) bool."""
         n = len(self.images)
         if self.train:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
             order = torch.randperm(n, generator=g)
         else:
             order = torch.arange(n)
-        return order[self.rank :: self.world_size]
+        total = self.per_rank * self.world_size
+        padded = order.repeat(-(-total // n))[:total]  # the first images again, as often as it takes
+        pad = torch.arange(total) >= n
+        return padded[self.rank :: self.world_size], pad[self.rank :: self.world_size]
 
     def __len__(self) -> int:
-        n = len(range(self.rank, len(self.images), self.world_size))
+        n = self.per_rank
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def _draw(self, n: int) -> dict:
@@ -119,7 +130,10 @@ class DeviceBatches:
         return draws
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order = self._positions().to(self.images.device)
+        order, pad = self._positions()
+        order = order.to(self.images.device)
+        padded = self.per_rank * self.world_size > len(self.images)
+        ignore = pad.to(self.images.device) if padded and not self.train else None
         start, self._resume_at = self._resume_at, 0
         draws = self._draw(len(order))
         for b in range(start, len(self)):
@@ -131,6 +145,8 @@ class DeviceBatches:
             }
             # index_select: 20x faster than images[idx] for a uint8 batch on CPU (0.017 vs 0.35 ms, 256 CIFAR images)
             x, y = self.images.index_select(0, order[part]), self.targets.index_select(0, order[part])
+            if ignore is not None:  # evaluation padding: counted by no metric and no loss
+                y = y.masked_fill(ignore[part], IGNORE)
             if "rrc" in d:
                 x = resized_crop(x, d["rrc"], x.shape[-1])
             if "crop" in d:

@@ -17,10 +17,11 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
-from torchmetrics.classification import MulticlassAccuracy
 
+from vit.device_data import IGNORE
 from vit.gradients import clip_by_norm_, clip_by_value_, grads_of, total_norm
 from vit.interop import load_timm_weights
+from vit.metrics import TopKAccuracy
 from vit.model import VisionTransformer, ViTConfig
 from vit.moe import MoEMlp
 from vit.nonfinite import NonFiniteGuard, supports_found_inf
@@ -163,11 +164,11 @@ class ViTClassifier(L.LightningModule):
             )
             self.soft_ce = SoftTargetCrossEntropy()
         top5 = min(5, num_classes)
-        self.train_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.val_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
-        self.test_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
+        self.train_acc = TopKAccuracy(1)
+        self.val_acc = TopKAccuracy(1)
+        self.val_acc5 = TopKAccuracy(top5)
+        self.test_acc = TopKAccuracy(1)
+        self.test_acc5 = TopKAccuracy(top5)
         self._guard, self._guard_on_device, self._skipped = NonFiniteGuard(), False, 0
         self._grad_norm: torch.Tensor | None = None  # () of this step's gradients, set in on_before_optimizer_step
 
@@ -333,7 +334,8 @@ class ViTClassifier(L.LightningModule):
         acc.update(logits, y)
         acc5.update(logits, y)
         # sync_dist: the mean over all ranks' batches (torchmetrics objects sync themselves)
-        self.log(f"{stage}/loss", F.cross_entropy(logits, y), prog_bar=True, sync_dist=True)
+        loss = F.cross_entropy(logits, y, ignore_index=IGNORE)  # DDP padding of the in-memory path left out
+        self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=True)
         self.log(f"{stage}/acc", acc, prog_bar=True)
         self.log(f"{stage}/acc5", acc5)
 

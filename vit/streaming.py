@@ -127,7 +127,9 @@ class StreamingDataModule(ImageClassificationData):
             cache_dir=self.cache_dir,
             max_cache_size=self.max_cache_size,
             shuffle=shuffle,
-            drop_last=False,
+            # training: every rank the same number of batches (else DDP's all-reduce waits forever; litdata warns);
+            # validation: every image once (no gradient all-reduce there; the metrics sync once, at the end)
+            drop_last=split == "train",
             transform=_Decode(transform),
         )
         batch = self.batch_size if split == "train" else self.eval_batch_size

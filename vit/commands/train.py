@@ -235,8 +235,12 @@ class ViTCLI(LightningCLI):
         last = next((c for c in cbs if c.monitor is None and c.filename == "last"), None)
         took = f"after {time.perf_counter() - self._start:.0f} s"
         if cb is not None and cb.best_model_path:
+            score = cb.best_model_score
+            if score is None:  # ddp_spawn hands the best path back to the launcher, not its score: read it there
+                score = load_checkpoint(cb.best_model_path)["callbacks"]
+                score = next(v["best_model_score"] for k, v in score.items() if "ModelCheckpoint" in k and v["monitor"])
             print(
-                f"\nbest val/acc {float(cb.best_model_score):.4f} {took}\ncheckpoint: {cb.best_model_path}"
+                f"\nbest val/acc {float(score):.4f} {took}\ncheckpoint: {cb.best_model_path}"
                 + (f"\nlast:       {last.best_model_path}" if last is not None else "")
             )
         elif (acc := self.trainer.callback_metrics.get("val/acc")) is not None:
