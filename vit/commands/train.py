@@ -34,6 +34,7 @@ from vit.checkpoint_io import AtomicCheckpointIO
 from vit.data import DataError, ImageClassificationData
 from vit.module import NonFiniteLossError, ViTClassifier
 from vit.planned_run import FitBudget, apply_plan, explicit_keys, is_explicit, plan_yaml
+from vit.timed_checkpoint import TimedCheckpoint
 
 # Facts about the data that the model must agree with: taken from the DataModule, never typed twice.
 LINKED = {
@@ -167,13 +168,11 @@ class ViTCLI(LightningCLI):
         if every is not None and every < 1:
             sys.exit(f"error: checkpoint_every_n_steps={every} must be >= 1")
         # Mid-epoch checkpoints bound the work a kill can cost: by steps when asked, else by wall time.
-        step_ckpt = ModelCheckpoint(
-            filename="last-step",
-            monitor=None,
-            save_top_k=1,
-            enable_version_counter=False,
-            every_n_train_steps=every,
-            train_time_interval=None if every else timedelta(minutes=5),
+        step_ckpt = dict(filename="last-step", monitor=None, save_top_k=1, enable_version_counter=False)
+        step_ckpt = (
+            ModelCheckpoint(every_n_train_steps=every, **step_ckpt)
+            if every
+            else TimedCheckpoint(timedelta(minutes=5), **step_ckpt)  # no broadcast per step, unlike Lightning's
         )
         if self.trainer.checkpoint_callbacks:  # none with --trainer.enable_checkpointing false
             self.trainer.callbacks.append(step_ckpt)
