@@ -120,3 +120,42 @@ def test_two_rank_ddp_on_1001_images_at_batch_167_trains_two_epochs_and_exits(tm
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "best val/acc" in run.stdout and (tmp_path / "checkpoints" / "folder" / "version_0" / "last.ckpt").is_file()
+
+
+class _HeadOnlyFirst(L.Callback):
+    """Rank zero writes which parameters changed in each epoch."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def on_train_epoch_start(self, trainer, module):
+        self.before = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+
+    def on_train_epoch_end(self, trainer, module):
+        if trainer.is_global_zero:
+            after = module.model.state_dict()
+            changed = sorted(k for k in after if not torch.equal(after[k], self.before[k]))
+            (self.out / f"epoch{trainer.current_epoch}.txt").write_text("\n".join(changed))
+
+
+def test_freeze_backbone_under_ddp_trains_the_head_then_everything(tmp_path):
+    """requires_grad switched after DDP wrapped the model broke its gradient reduction; now the frozen epoch drops
+    the backbone's gradients before the step instead."""
+    module = ViTClassifier(**MODEL, freeze_backbone_epochs=1)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_epochs=2,
+        limit_train_batches=2,
+        limit_val_batches=0,
+        callbacks=[_HeadOnlyFirst(tmp_path)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module, datamodule=DigitsDataModule(batch_size=16))
+    assert (tmp_path / "epoch0.txt").read_text().split() == ["head.bias", "head.weight"]
+    assert "blocks.0.attn.qkv.weight" in (tmp_path / "epoch1.txt").read_text().split()

@@ -130,3 +130,16 @@ def test_commands_sit_above_the_functions_they_call():
             assert not {t for t in targets if t.startswith("vit.commands")}, name
     below = [p for p in (ROOT / "vit").glob("*.py") if "import argparse" in p.read_text()]
     assert below == [], below
+
+
+def test_torch_is_required_at_a_version_whose_weights_only_load_holds():
+    """torch.load(weights_only=True) can be bypassed in torch <= 2.5.1 (CVE-2025-32434): "checkpoints are data, not
+    code" needs torch >= 2.6 on any install the package allows."""
+    import re
+
+    import tomllib
+
+    deps = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch_dep = next(d for d in deps if re.match(r"torch\b(?!vision)", d))
+    low = tuple(int(v) for v in re.search(r">=\s*([\d.]+)", torch_dep).group(1).split(".")[:2])
+    assert low >= (2, 6), torch_dep

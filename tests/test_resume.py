@@ -186,3 +186,31 @@ def test_a_non_finite_loss_stops_naming_the_step_or_is_skipped(skip, on_device, 
             train.main(args)
         assert str(e.value.code).startswith("error: non-finite loss (nan) at step 5 (epoch 0, batch 5)")
         assert load_checkpoint(tmp_path / CKPTS / "last-step.ckpt")["global_step"] == 3  # intact, before the NaN
+
+
+def test_the_cuda_generator_is_saved_and_restored_for_an_exact_resume(monkeypatch):
+    """On a GPU dropout, DropPath and PatchDropout draw from the CUDA generator: it travels in the checkpoint too.
+    (No GPU here: torch.cuda's RNG calls are stood in for, and only the module's handling of them is checked.)"""
+    from vit.model import ViTConfig
+    from vit.module import ViTClassifier
+
+    states = [torch.arange(4, dtype=torch.uint8)]
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [s.clone() for s in states])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda s: restored.append(s))
+    module = ViTClassifier(arch=ViTConfig(embed_dim=16, depth=1, num_heads=1, patch_size=8))
+    ckpt = {}
+    module.on_save_checkpoint(ckpt)
+    assert torch.equal(ckpt["rng_states"]["cuda"][0], states[0])
+    module.on_load_checkpoint(ckpt)  # applied at the start of training
+    monkeypatch.setattr(
+        type(module),
+        "optimizers",
+        lambda self, use_pl_optimizer=False: torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1),
+    )
+    monkeypatch.setattr(type(module), "trainer", property(lambda self: type("T", (), {"train_dataloader": None})()))
+    module.on_train_start()
+    assert len(restored) == 1 and torch.equal(restored[0][0], states[0])

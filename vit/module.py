@@ -171,6 +171,7 @@ class ViTClassifier(L.LightningModule):
         self.test_acc5 = TopKAccuracy(top5)
         self._guard, self._guard_on_device, self._skipped = NonFiniteGuard(), False, 0
         self._grad_norm: torch.Tensor | None = None  # () of this step's gradients, set in on_before_optimizer_step
+        self._frozen: list[torch.nn.Parameter] = []  # backbone parameters whose gradients a DDP step drops
 
     def configure_model(self) -> None:
         # In place, so that state-dict keys stay `model.*` (self.model = torch.compile(...) would add `_orig_mod.`).
@@ -229,6 +230,8 @@ class ViTClassifier(L.LightningModule):
         )
 
     def on_before_optimizer_step(self, optimizer) -> None:
+        for p in self._frozen:  # freeze_backbone_epochs under DDP (on_train_epoch_start)
+            p.grad = None
         # The gradients' total norm, once per step on the device: the non-finite check and clipping by norm share it.
         trainer, self._grad_norm = self._trainer, None
         clip_norm = trainer is not None and trainer.gradient_clip_val and trainer.gradient_clip_algorithm != "value"
@@ -304,6 +307,8 @@ class ViTClassifier(L.LightningModule):
             "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
             "python": [version, list(state), gauss],
         }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # dropout, DropPath, PatchDropout on a GPU
+            checkpoint["rng_states"]["cuda"] = torch.cuda.get_rng_state_all()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # Applied in on_train_start: the sanity-check validation in between must not shift the random stream.
@@ -326,6 +331,9 @@ class ViTClassifier(L.LightningModule):
             np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
             version, state, gauss = rng["python"]
             random.setstate((version, tuple(state), gauss))
+            cuda = rng.get("cuda")
+            if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(cuda)
 
     def _eval_step(self, batch, stage: str) -> None:
         x, y = batch
@@ -347,8 +355,14 @@ class ViTClassifier(L.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         frozen = self.current_epoch < self.hparams.freeze_backbone_epochs
-        for name, p in self.model.named_parameters():
-            p.requires_grad_(not frozen or name.startswith(("head.", "fc_norm.")))
+        backbone = [p for name, p in self.model.named_parameters() if not name.startswith(("head.", "fc_norm."))]
+        # One process: no gradients for the backbone at all (no backward through it). Under DDP the parameters
+        # that take part were fixed when the model was wrapped, so they keep requires_grad and their gradients are
+        # dropped before the optimizer step instead (fused AdamW and Muon skip a parameter without a gradient).
+        ddp = self._trainer is not None and self.trainer.world_size > 1
+        for p in backbone:
+            p.requires_grad_(not frozen or ddp)
+        self._frozen = backbone if frozen and ddp else []
         # Phases by the share of the epochs done (max_epochs as it stands: FitBudget may resize it).
         done = self.current_epoch / max(1, self.trainer.max_epochs or 1)
         hp = self.hparams

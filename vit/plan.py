@@ -313,7 +313,8 @@ def calibrate(
     64x3 step on a 2-core CPU) on a random batch, the median step. The global RNG is left as it was, so that planning
     does not change the seeded run that follows."""
     speeds = []
-    with torch.random.fork_rng(devices=[]):
+    # the CUDA generator too (dropout and DropPath of the calibration steps draw from it on a GPU)
+    with torch.random.fork_rng(devices=[torch.device(device)] if torch.device(device).type == "cuda" else []):
         for cfg in archs:
             model = VisionTransformer(cfg).to(device)
             if optimizer == "muon":
