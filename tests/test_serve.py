@@ -172,6 +172,15 @@ def test_relevance_map_comes_as_a_png_overlay_of_the_predicted_class(server, ima
     assert upload(server, images[0].read_bytes())[1]["map"] is None  # no map unless asked
 
 
+EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nnewpath 0 0 moveto 10 10 lineto stroke\nshowpage\n"
+
+
+def _encoded(img: Image.Image, fmt: str) -> bytes:
+    buffer = io.BytesIO()
+    img.save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
 def _bad_inputs(tmp_path) -> dict:
     rgb = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 60, 3), dtype=np.uint8))
     full = io.BytesIO()
@@ -180,7 +189,9 @@ def _bad_inputs(tmp_path) -> dict:
     text_body, text_type = multipart("comment", b"no file here", filename="", ctype="text/plain")
     text_body = text_body.replace(b'; filename=""', b"")
     return {
-        "not an image": (multipart("file", b"this is not an image"), 400),
+        "not an image": (multipart("file", b"this is not an image"), 415),
+        "EPS (Ghostscript, where installed)": (multipart("file", EPS, "x.eps", "application/postscript"), 415),
+        "a format Pillow reads but we do not serve (PPM)": (multipart("file", _encoded(rgb, "PPM")), 415),
         "truncated": (multipart("file", png[: len(png) // 2]), 400),
         "zero bytes": (multipart("file", b""), 400),
         "decompression bomb": (multipart("file", png_header(30_000, 30_000)), 413),
@@ -223,7 +234,8 @@ def test_health_info_and_the_page(server, smoke_ckpt):
     status, info = request(f"{server}/info")
     model = info["model"]
     assert status == 200 and model["classes"] == [str(i) for i in range(10)] and model["img_size"] == 32
-    assert model["arch"]["embed_dim"] == 32 and model["checkpoint"] == str(Path(smoke_ckpt).resolve())
+    assert model["arch"]["embed_dim"] == 32 and model["checkpoint"] == "last.ckpt"  # no path on the server
+    assert str(Path(smoke_ckpt).parent) not in json.dumps(info)
     status, page = request(f"{server}/")
     assert status == 200 and "<script>" in page and "/predict?topk=5&map=relevance" in page
     assert "http://" not in page.split("<script>")[1] and "https://" not in page  # nothing fetched from outside
@@ -280,3 +292,101 @@ def test_the_page_in_a_real_browser_shows_the_top_label_and_the_overlay(server, 
     assert Image.open(shot).size[0] > 500
     if os.environ.get("VIT_SCREENSHOT"):  # docs/serve_page.png is made this way
         shutil.copy(shot, os.environ["VIT_SCREENSHOT"])
+
+
+def test_a_host_header_naming_another_site_is_refused(server):
+    """DNS rebinding: a page of evil.example whose name resolves to 127.0.0.1 reaches the server with that Host."""
+    for host, status in (("evil.example", 400), ("evil.example:8000", 400), ("localhost:1234", 200)):
+        req = urllib.request.Request(f"{server}/info", headers={"Host": host})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                got = r.status
+        except urllib.error.HTTPError as e:
+            got, answer = e.code, json.loads(e.read())
+            assert "not served here" in answer["error"]
+        assert got == status, host
+
+
+def test_host_names_and_addresses():
+    from vit.commands.serve import is_loopback
+    from vit.serve import allowed_hosts, host_name
+
+    assert host_name("[::1]:8000") == "::1" and host_name("LocalHost:80") == "localhost" and host_name("::1") == "::1"
+    assert allowed_hosts("127.0.0.1") == {"127.0.0.1", "localhost", "::1"}
+    assert allowed_hosts("0.0.0.0") is None and "box.lan" in allowed_hosts("0.0.0.0", ["box.lan"])
+    assert "10.1.2.3" in allowed_hosts("10.1.2.3")
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and not is_loopback("0.0.0.0")
+
+
+def _session(sid: int) -> list[int]:
+    """The processes of a session (vit-serve and everything it started), from /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # fields after the name: state ppid pgrp session ...
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _rss_mb(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+def test_big_decodes_stay_bounded_and_sigterm_stops_every_process(smoke_ckpt):
+    """24 concurrent uploads of a 36-KB PNG that decodes to 6,000 x 6,000 (the limit raised so that they are decoded):
+    every one is answered, the server lives, its processes' memory stays bounded (decodes wait for one of the cores
+    instead of all running at once). Then SIGTERM to vit-serve alone, as a service manager sends it: every process it
+    started ends within seconds and the port is free again."""
+    import signal
+    import threading
+
+    proc, url = start_server(smoke_ckpt, "--max-pixels", "40000000")
+    try:
+        big = _encoded(Image.new("L", (6000, 6000), 128), "PNG")
+        assert len(big) < 120_000
+        pids, peak, done = _session(proc.pid), [0.0], threading.Event()
+
+        def watch():
+            while not done.is_set():
+                peak[0] = max(peak[0], _rss_mb(pids))
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        base = _rss_mb(pids)
+        with ThreadPoolExecutor(max_workers=24) as pool:
+            answers = list(pool.map(lambda _: upload(url, big, "topk=1"), range(24)))
+        done.set()
+        watcher.join()
+        assert [status for status, _ in answers] == [200] * 24
+        assert request(f"{url}/health")[0] == 200
+        print(f"server processes: {base:.0f} MB at rest, {peak[0]:.0f} MB at the peak of 24 concurrent big decodes")
+        assert peak[0] - base < 2000, (base, peak[0])  # unbounded, 24 decodes at once took 8.8 GB
+        port = int(url.rsplit(":", 1)[1])
+        os.kill(proc.pid, signal.SIGTERM)  # the launcher alone, not its process group
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while _session(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _session(proc.pid) == [], "processes left running after SIGTERM"
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds: TIME_WAIT left aside
+            s.bind(("127.0.0.1", port))
+            s.listen()  # nobody listens there any more
+    finally:
+        if proc.poll() is None or _session(proc.pid):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -5,12 +5,16 @@
 
 POST /predict takes an image (multipart field `file`, or the raw bytes with an image/* content type) and answers the
 top-k classes with probabilities; `map=relevance` (or `rollout`) adds the map of the predicted class as a base64 PNG.
-GET /health, GET /info (classes, image size, architecture, checkpoint). Concurrent requests are batched on the device
-(`--max-batch-size`, `--batch-timeout`). Bad input gets a 4xx JSON `{"error": ...}` and the server goes on.
+GET /health, GET /info (classes, image size, architecture, the checkpoint's file name). Concurrent requests are
+batched on the device (`--max-batch-size`, `--batch-timeout`). Bad input gets a 4xx JSON `{"error": ...}` and the
+server goes on. Only PNG, JPEG, WEBP, BMP, GIF and TIFF are opened (415 otherwise); a request whose Host header names
+no served host gets a 400 (DNS rebinding); SIGTERM and SIGINT stop every process the server started.
 """
 
 import argparse
+import ipaddress
 import logging
+import signal
 import sys
 from importlib import resources
 
@@ -26,7 +30,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vit-serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--ckpt", required=True, help="checkpoint written by train.py (loaded as data, never as code)")
-    ap.add_argument("--host", default="127.0.0.1", choices=("127.0.0.1", "0.0.0.0", "::"), help="default 127.0.0.1")
+    ap.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on: one interface's address, or 0.0.0.0 / :: for all (default 127.0.0.1; any other "
+        "than loopback is warned about: the server is then reachable from other machines)",
+    )
+    ap.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name clients may use in the Host header besides the bound address and localhost (repeatable)",
+    )
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--max-batch-size", type=int, default=32, help="most requests in one forward (default 32)")
     ap.add_argument(
@@ -36,7 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--max-body-mb", type=float, default=20.0, help="largest request body in MB (default 20)")
     ap.add_argument(
-        "--max-pixels", type=int, default=40_000_000, help="largest image, width x height (default 40 million)"
+        "--max-pixels",
+        type=int,
+        default=16_000_000,
+        help="largest image, width x height after JPEG's draft scaling, checked before decoding (default 16 million)",
     )
     ap.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     return ap
@@ -47,7 +66,7 @@ def build_server(args: argparse.Namespace):
     import litserve as ls
     from fastapi.responses import HTMLResponse
 
-    from vit.serve import ImageRequests, ViTAPI, server_info
+    from vit.serve import HostCheck, ImageRequests, ViTAPI, allowed_hosts, server_info
 
     model, hparams = load_model(args.ckpt)  # refuses a pickle-carrying or broken checkpoint before anything starts
     device = pick_device(args.device).type
@@ -66,13 +85,25 @@ def build_server(args: argparse.Namespace):
         devices=1,
         workers_per_device=args.workers,
         model_metadata=server_info(args.ckpt, hparams),
-        middlewares=[(ImageRequests, checks)],
+        middlewares=[(ImageRequests, checks), (HostCheck, {"allowed": allowed_hosts(args.host, args.allowed_host)})],
     )
     page = resources.files("vit").joinpath("static", PAGE).read_text()
     # LitServe answers GET / with "litserve running": the page takes its place
     server.app.router.routes = [r for r in server.app.router.routes if getattr(r, "path", None) != "/"]
     server.app.add_api_route("/", lambda: HTMLResponse(page), methods=["GET"], include_in_schema=False)
     return server
+
+
+def is_loopback(host: str) -> bool:
+    """Whether an address (or 'localhost') is this machine's loopback."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if not is_loopback(args.host):
+        print(
+            f"vit-serve: warning: listening on {args.host}: reachable from other machines, with no authentication",
+            file=sys.stderr,
+        )
     logging.getLogger("litserve").setLevel(args.log_level.upper())
+    # A service manager or `kill` sends SIGTERM to this process alone: ending as on Ctrl-C lets LitServe stop the
+    # API-server and inference processes it started (they kept the port, orphaned, when SIGTERM ended us alone).
+    signal.signal(signal.SIGTERM, _interrupt)
     print(f"vit-serve: http://{args.host}:{args.port}/ (POST /predict, GET /health, GET /info)", flush=True)
     server.run(host=args.host, port=args.port, generate_client_file=False, log_level=args.log_level)
     return 0
