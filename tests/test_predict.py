@@ -144,6 +144,35 @@ def test_attention_out_writes_an_overlay_per_image(ckpt, images, tmp_path, capsy
     assert any((x[:, 32:] != y[:, 32:]).any() for x, y in zip(a, b))  # the map half
 
 
+FIELDS = {  # a checkpoint whose preprocessing fields disagree with its architecture, and what the line says
+    "class_names": (["a", "b"], "class_names has 2 entries, num_classes=10"),
+    "mean": ([0.5], "does not have in_chans=3 values"),
+    "std": ([0.5, 0.0, 0.5], "must be numbers > 0"),
+}
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_a_checkpoint_whose_fields_disagree_is_one_line_and_exit_2(field, ckpt, images, tmp_path, capsys):
+    bad = tmp_path / "bad.ckpt"
+    data = torch.load(ckpt, weights_only=True)
+    value, expected = FIELDS[field]
+    data["hyper_parameters"][field] = value
+    torch.save(data, bad)
+    code, out, err = _run(capsys, "--ckpt", bad, images / "good")
+    assert code == 2 and out == "" and expected in err and err.count("\n") == 1, err
+
+
+def test_a_checkpoint_asking_for_a_huge_image_size_is_refused(ckpt, tmp_path):
+    from vit.checkpoint import CheckpointError, load_model
+
+    bad = tmp_path / "bad.ckpt"
+    data = torch.load(ckpt, weights_only=True)
+    data["hyper_parameters"]["arch"].update(img_size=1 << 20, patch_size=1 << 16)
+    torch.save(data, bad)
+    with pytest.raises(CheckpointError, match="img_size=1048576 is outside 1-4096"):
+        load_model(bad)
+
+
 @pytest.mark.parametrize("case", ["missing", "truncated", "text", "not_a_checkpoint", "other_architecture"])
 def test_a_bad_checkpoint_is_one_line_and_exit_2(case, ckpt, images, tmp_path, capsys):
     bad = tmp_path / "bad.ckpt"

@@ -80,3 +80,19 @@ def test_a_missing_chunk_folder_is_one_line(tmp_path):
 
     with pytest.raises(DataError, match="python -m vit.commands.streaming optimize"):
         StreamingDataModule(str(tmp_path / "nothing"))
+
+
+def test_chunks_of_pickled_items_are_refused_unless_trusted(tmp_path):
+    """litdata unpickles items it stored with its pickle serializer: such chunks from a stranger would run code."""
+    from vit.data import DataError
+
+    _folder(tmp_path / "imgs")
+    assert main(["optimize", str(tmp_path / "imgs"), str(tmp_path / "chunks")]) == 0
+    StreamingDataModule(str(tmp_path / "chunks"), num_workers=0)  # ours: bytes and ints
+    index = tmp_path / "chunks" / "train" / "index.json"
+    meta = json.loads(index.read_text())
+    meta["config"]["data_format"] = ["pickle", "int", "int"]
+    index.write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=r"train/index\.json: its items are pickles .*trust_pickles true"):
+        StreamingDataModule(str(tmp_path / "chunks"), num_workers=0)
+    StreamingDataModule(str(tmp_path / "chunks"), num_workers=0, trust_pickles=True)

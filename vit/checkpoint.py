@@ -47,6 +47,29 @@ def arch_from_hparams(hparams: dict) -> ViTConfig:
     return ViTConfig.from_dict(hparams, strict=False)
 
 
+MAX_IMG_SIZE = 4096  # a side beyond any ViT recipe: a checkpoint asking more would make predict allocate gigabytes
+
+
+def field_problem(hparams: dict, cfg: ViTConfig) -> str | None:
+    """What in a checkpoint's preprocessing fields disagrees with its architecture (None: nothing): the commands
+    trust these to decode and normalise every image."""
+    names = hparams.get("class_names")
+    if names is not None and (not isinstance(names, list) or len(names) != cfg.num_classes):
+        count = len(names) if isinstance(names, list) else names
+        return f"class_names has {count!r} entries, num_classes={cfg.num_classes}"
+    for key in ("mean", "std"):
+        value = hparams.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, (list, tuple)) or len(value) != cfg.in_chans:
+            return f"{key}={value!r} does not have in_chans={cfg.in_chans} values"
+        if not all(isinstance(v, (int, float)) and v == v for v in value) or (key == "std" and min(value) <= 0):
+            return f"{key}={value!r} must be numbers" + (" > 0" if key == "std" else "")
+    if not 1 <= cfg.img_size <= MAX_IMG_SIZE:
+        return f"img_size={cfg.img_size} is outside 1-{MAX_IMG_SIZE}"
+    return None
+
+
 def load_model(path: str | Path) -> tuple[VisionTransformer, dict]:
     """The plain `VisionTransformer` of a training checkpoint, in eval mode, and its hyper-parameters, with the
     preprocessing facts at the top level: img_size, in_chans, mean, std, class_names."""
@@ -54,8 +77,13 @@ def load_model(path: str | Path) -> tuple[VisionTransformer, dict]:
     hparams = ckpt["hyper_parameters"]
     try:
         cfg = arch_from_hparams(hparams)
+        problem = field_problem(hparams, cfg)  # before anything is allocated
+        if problem:
+            raise CheckpointError(f"{path}: {problem}")
         model = VisionTransformer(cfg)
     except (TypeError, ValueError) as e:
+        if isinstance(e, CheckpointError):
+            raise
         raise CheckpointError(f"{path}: hyper-parameters do not build a model ({e})") from None
     hparams = {**hparams, "img_size": cfg.img_size, "in_chans": cfg.in_chans, "arch": cfg.to_dict()}
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}

@@ -74,12 +74,29 @@ class _Decode:
         return self.transform(img), item["label"]
 
 
+def refuse_pickled_items(index: str, read_remote) -> None:
+    """litdata stores any item it has no serializer for as a pickle, and unpickles it when streaming: chunks from
+    elsewhere whose index names the pickle serializer are code, not data. DataError unless the user trusts them."""
+    if "://" not in index and not Path(index).is_file():
+        return  # litdata reports the missing split itself
+    config = (json.loads(Path(index).read_text()) if "://" not in index else read_remote(index)).get("config") or {}
+    formats = config.get("data_format") or []
+    if any("pickle" in str(f) for f in formats):
+        from vit.data import DataError
+
+        raise DataError(
+            f"{index}: its items are pickles ({formats}), which run code when read; this toolkit's optimize writes "
+            "bytes and ints only. If you wrote these chunks yourself, pass --data.init_args.trust_pickles true"
+        )
+
+
 class StreamingDataModule(ImageClassificationData):
     """Stream litdata chunks written by `python -m vit.commands.streaming optimize` (local folder or object storage).
 
     Args:
         input_dir: the optimize output (holds train/, val/ and vit_meta.json).
         cache_dir: local cache for remote chunks (litdata's default when None); max_cache_size caps it.
+        trust_pickles: stream chunks whose items litdata stored as pickles (code run when read); refused otherwise.
     """
 
     def __init__(
@@ -93,6 +110,7 @@ class StreamingDataModule(ImageClassificationData):
         cache_dir: str | None = None,
         max_cache_size: str = "50GB",
         eval_batch_size: int | None = None,
+        trust_pickles: bool = False,
     ):
         super().__init__(batch_size, num_workers, eval_batch_size=eval_batch_size)
         self.input_dir, self.cache_dir, self.max_cache_size = input_dir.rstrip("/"), cache_dir, max_cache_size
@@ -104,6 +122,9 @@ class StreamingDataModule(ImageClassificationData):
                 f"{meta_path}: not found; write the chunks with: python -m vit.commands.streaming optimize ROOT OUT"
             )
         meta = json.loads(Path(meta_path).read_text()) if "://" not in meta_path else self._remote_meta(meta_path)
+        if not trust_pickles:
+            for split in ("train", "val"):
+                refuse_pickled_items(f"{self.input_dir}/{split}/index.json", self._remote_meta)
         self.class_names, self.num_classes = meta["class_names"], len(meta["class_names"])
         self.mean, self.std = tuple(meta["mean"]), tuple(meta["std"])
         self.img_size, self.in_chans = img_size, 3
