@@ -231,3 +231,16 @@ def test_eval_batch_size_sets_validation_batches_only(in_memory):
     assert [len(x) for x, _ in DigitsDataModule(batch_size=50).val_dataloader()][:1] == [50]  # default: batch_size
     with pytest.raises(ValueError, match="eval_batch_size=0"):
         DigitsDataModule(eval_batch_size=0)
+
+
+def test_mean_std_in_chunks_equal_the_whole_set_and_the_stack_releases_the_list():
+    from vit.data import channel_mean_std, stack_releasing
+
+    x = torch.randint(0, 256, (50, 3, 6, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    mean, std = channel_mean_std(x, chunk=7)
+    ref = x.float() / 255
+    torch.testing.assert_close(mean, ref.mean(dim=(0, 2, 3)))
+    torch.testing.assert_close(std, ref.std(dim=(0, 2, 3)))
+    images = list(x)
+    stacked = stack_releasing(images)
+    assert torch.equal(stacked, x) and all(img is None for img in images)  # nothing kept twice

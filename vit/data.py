@@ -178,6 +178,7 @@ class ImageClassificationData(L.LightningDataModule):
             drop_last=train and len(dataset) > self.batch_size,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),  # page-locked batches: the copy to the GPU does not block the host
         )
 
     def train_dataloader(self) -> DataLoader | DeviceBatches:
@@ -350,6 +351,31 @@ def decode_images(paths: list[str], img_size: int, workers: int | None = None) -
     return [img for img, _ in results], [(p, r) for p, (_, r) in zip(paths, results) if r is not None]
 
 
+def stack_releasing(images: list[torch.Tensor]) -> torch.Tensor:
+    """torch.stack of equal-shaped tensors, dropping each from the list once copied: the peak is the stack and one
+    image, not two copies of the whole set."""
+    out = torch.empty((len(images), *images[0].shape), dtype=images[0].dtype)
+    for i in range(len(images)):
+        out[i] = images[i]
+        images[i] = None
+    return out
+
+
+def channel_mean_std(x: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and (unbiased) std of uint8 images (N, C, H, W) in [0, 1], in float64 chunks: no float copy
+    of the whole set (4x the uint8 tensor)."""
+    total = torch.zeros(x.shape[1], dtype=torch.float64)
+    squares = torch.zeros(x.shape[1], dtype=torch.float64)
+    for i in range(0, len(x), chunk):
+        part = x[i : i + chunk].double().div_(255)
+        total += part.sum(dim=(0, 2, 3))
+        squares += part.square().sum(dim=(0, 2, 3))
+    n = x.shape[0] * x.shape[2] * x.shape[3]
+    mean = total / n
+    var = (squares - n * mean.square()) / max(1, n - 1)
+    return mean.float(), var.clamp(min=0).sqrt().float().clamp(min=1e-3)  # a constant channel must not divide by 0
+
+
 def default_memory_budget_gb() -> float:
     """A quarter of the machine's RAM, and at most half of the first GPU's memory when there is one: the in-memory
     path keeps the decoded dataset in RAM and, when training on a GPU, on the GPU."""
@@ -510,7 +536,7 @@ class ImageFolderDataModule(ImageClassificationData):
         if self.in_memory:
             for split, items, images in (("train", train, train_images), ("val", val, val_images)):
                 targets = torch.tensor([t for _, t in items], dtype=torch.long)
-                self.memory[split] = (torch.stack(images), targets)  # (N, 3, S, S) uint8
+                self.memory[split] = (stack_releasing(images), targets)  # (N, 3, S, S) uint8
 
     def _measure_mean_std(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Per-channel mean and std of the training images in [0, 1]: all decoded ones, or 500 when streaming."""
@@ -522,9 +548,7 @@ class ImageFolderDataModule(ImageClassificationData):
             x = torch.stack(
                 [img for img in decode_images([paths[i] for i in pick], self.img_size)[0] if img is not None]
             )
-        x = x.float().div_(255)
-        mean = x.mean(dim=(0, 2, 3))
-        std = x.std(dim=(0, 2, 3)).clamp(min=1e-3)  # a constant channel must not divide by zero
+        mean, std = channel_mean_std(x)
         return tuple(round(v, 4) for v in mean.tolist()), tuple(round(v, 4) for v in std.tolist())
 
     @staticmethod

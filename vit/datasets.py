@@ -31,6 +31,7 @@ from vit.data import (
     ImageClassificationData,
     TensorImageDataset,
     batch_policy,
+    channel_mean_std,
     decode_images,
 )
 from vit.dataset_files import first_idx_problem
@@ -239,9 +240,8 @@ class TorchvisionDataModule(ImageClassificationData):
         key = f"{tuple(train_x.shape)}"
         stats = json.loads(cache.read_text()) if cache.is_file() else {}
         if key not in stats:
-            x = train_x.float().div_(255)
-            mean = [round(v, 4) for v in x.mean(dim=(0, 2, 3)).tolist()]
-            std = [round(v, 4) for v in x.std(dim=(0, 2, 3)).clamp(min=1e-3).tolist()]
+            mean, std = channel_mean_std(train_x)  # in chunks: no float copy of the whole set
+            mean, std = [round(v, 4) for v in mean.tolist()], [round(v, 4) for v in std.tolist()]
             stats[key] = [mean, std]
             try:
                 cache.write_text(json.dumps(stats, indent=1) + "\n")

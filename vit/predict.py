@@ -48,10 +48,16 @@ class ImageFiles(Dataset):
 
 
 def normalize(x: torch.Tensor, mean, std) -> torch.Tensor:
-    """uint8 (B, C, H, W) -> float, scaled to [0, 1] and normalised, as ToDtype(scale=True) + Normalize."""
+    """uint8 (B, C, H, W) -> float, scaled to [0, 1] and normalised, as ToDtype(scale=True) + Normalize. `mean`
+    and `std`: (C,) float32 tensors on x's device (channel_stats: made once, not uploaded again per batch), or lists."""
     mean = torch.as_tensor(mean, dtype=torch.float32, device=x.device)[:, None, None]
     std = torch.as_tensor(std, dtype=torch.float32, device=x.device)[:, None, None]
     return (x.float() / 255 - mean) / std
+
+
+def channel_stats(hparams: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The checkpoint's mean and std as (C,) float32 tensors on the device, for normalize."""
+    return tuple(torch.tensor(hparams[k], dtype=torch.float32, device=device) for k in ("mean", "std"))
 
 
 def collate(items):
@@ -134,6 +140,7 @@ def predict(
     if attention_out:
         Path(attention_out).mkdir(parents=True, exist_ok=True)
     bar = tqdm(loader, desc="predict", unit="batch", file=sys.stderr, disable=not progress or len(loader) <= 3)
+    mean, std = channel_stats(hparams, dev)
     with torch.inference_mode():  # relevance() leaves it for its own backward
         for x, idx, errors in bar:
             for i, err in errors:
@@ -141,7 +148,7 @@ def predict(
                 print(f"{paths[i]}: error: {err}", file=sys.stderr)
             if x is None:
                 continue
-            x = normalize(x.to(dev, non_blocking=True), hparams["mean"], hparams["std"])
+            x = normalize(x.to(dev, non_blocking=True), mean, std)
             if attention_out:
                 maps, logits = map_and_logits(model, x, attention_map)
                 for i, picture in zip(idx, overlays(x, maps, hparams)):

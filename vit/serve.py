@@ -29,7 +29,7 @@ from starlette.requests import Request
 from vit.attention_maps import denormalize, overlay
 from vit.checkpoint import load_model
 from vit.images import describe, read_image
-from vit.predict import class_names, map_and_logits, normalize, to_uint8, top_k
+from vit.predict import channel_stats, class_names, map_and_logits, normalize, to_uint8, top_k
 
 MAPS = ("none", "relevance", "rollout")
 RAW_TYPES = ("image/", "application/octet-stream")
@@ -277,6 +277,7 @@ class ViTAPI(ls.LitAPI):
         self.device = torch.device(device)
         self.names = class_names(self.model, self.hparams)
         self.shape = (self.hparams["in_chans"], self.hparams["img_size"], self.hparams["img_size"])
+        self.mean, self.std = channel_stats(self.hparams, self.device)  # once, on the device
 
     def decode_request(self, request: dict):
         pixels = torch.frombuffer(bytearray(base64.b64decode(request["pixels"])), dtype=torch.uint8)
@@ -287,7 +288,7 @@ class ViTAPI(ls.LitAPI):
 
     def predict(self, items: list) -> list[dict]:
         x = torch.stack([pixels for pixels, _, _ in items]).to(self.device, non_blocking=True)
-        x = normalize(x, self.hparams["mean"], self.hparams["std"])  # (B, C, S, S)
+        x = normalize(x, self.mean, self.std)  # (B, C, S, S)
         with torch.inference_mode():
             logits = self.model(x)
         top = top_k(logits, self.names, max(k for _, k, _ in items))
