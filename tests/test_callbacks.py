@@ -171,3 +171,23 @@ def test_add_png_writes_the_exact_pixels_as_a_tensorboard_image(tmp_path):
     assert (event.step, event.width, event.height) == (7, 30, 20)
     decoded = torch.from_numpy(np.asarray(Image.open(io.BytesIO(event.encoded_image_string)).convert("RGB")))
     assert torch.equal(decoded.permute(2, 0, 1), image)
+
+
+def test_maps_of_a_model_compiled_in_place_run_eagerly():
+    """compile: true compiles the model in place; the maps (hooks, the manual attention path, gradients of captured
+    tensors) run outside the compiled graph: nothing is compiled for them, and the model stays compiled after."""
+    import torch._dynamo
+
+    from vit.attention_maps import attention_panels, relevance
+    from vit.callbacks import eager
+    from vit.model import VisionTransformer, ViTConfig
+
+    model = VisionTransformer(ViTConfig(embed_dim=16, depth=2, num_heads=2, patch_size=8)).eval()
+    model.compile()
+    compiled, frames = model._compiled_call_impl, torch._dynamo.utils.counters["frames"]["total"]
+    x = torch.randn(2, 3, 32, 32)
+    with eager(model):
+        attention_panels(model, x, [0.5] * 3, [0.5] * 3, 32)
+        relevance(model, x)
+    assert torch._dynamo.utils.counters["frames"]["total"] == frames  # no frame was handed to the compiler
+    assert model._compiled_call_impl is compiled

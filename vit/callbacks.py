@@ -2,6 +2,7 @@
 
 import io
 import logging
+from contextlib import contextmanager
 
 import lightning as L
 import torch
@@ -37,6 +38,19 @@ def add_png(writer: SummaryWriter, tag: str, image: torch.Tensor, step: int) -> 
         tag=tag, image=Summary.Image(height=h, width=w, colorspace=c, encoded_image_string=buffer.getvalue())
     )
     writer._get_file_writer().add_summary(Summary(value=[value]), step)  # what add_image itself does with its Summary
+
+
+@contextmanager
+def eager(model: torch.nn.Module):
+    """Run a model compiled in place (`model.compile()`, the module's `compile: true`) without its compiled graph:
+    the maps hook the attention modules, switch them to the manual path and take gradients of captured tensors,
+    which a compiled graph would not see (and each switch of `fused_attn` would compile it again)."""
+    compiled = getattr(model, "_compiled_call_impl", None)
+    model._compiled_call_impl = None
+    try:
+        yield model
+    finally:
+        model._compiled_call_impl = compiled
 
 
 class AttentionMapCallback(L.Callback):
@@ -117,10 +131,13 @@ class AttentionMapCallback(L.Callback):
         was_training = pl_module.training
         pl_module.eval()
         try:
-            panels = attention_panels(pl_module.model, x, hp.mean, hp.std, self.display_size, cmap=self.cmap)
+            with eager(pl_module.model):
+                panels = attention_panels(pl_module.model, x, hp.mean, hp.std, self.display_size, cmap=self.cmap)
+                self._log_maps(panels, pl_module, x, tb.experiment, trainer.global_step)
         finally:
             pl_module.train(was_training)
-        writer, step = tb.experiment, trainer.global_step
+
+    def _log_maps(self, panels: dict, pl_module: L.LightningModule, x: torch.Tensor, writer, step: int) -> None:
         add_png(writer, "attention/rollout", _uint8(panels["rollout"]), step)
         for i, grid in enumerate(panels["layers"]):
             add_png(writer, f"attention/layer_{i}", _uint8(grid), step)
