@@ -7,6 +7,9 @@ import torch
 
 matplotlib.use("Agg")
 os.environ.setdefault("PYTHONHASHSEED", "0")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two cores: one thread each, or they thrash
+    os.environ["OMP_NUM_THREADS"] = "1"  # the commands the tests start inherit it
+    torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
