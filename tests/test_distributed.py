@@ -119,6 +119,10 @@ def test_two_rank_ddp_on_1001_images_at_batch_167_trains_two_epochs_and_exits(tm
         timeout=240,  # it used to hang: fail instead of waiting forever
     )
     assert run.returncode == 0, run.stderr[-3000:]
+    from vit.data import default_memory_budget_gb
+
+    shared = f"within max_memory_gb={round(default_memory_budget_gb() / 2, 2):.1f}"  # each rank holds its own copy
+    assert shared in run.stdout + run.stderr, (run.stdout + run.stderr)[:2000]
     assert "best val/acc" in run.stdout and (tmp_path / "checkpoints" / "folder" / "version_0" / "last.ckpt").is_file()
 
 
@@ -159,3 +163,16 @@ def test_freeze_backbone_under_ddp_trains_the_head_then_everything(tmp_path):
     trainer.fit(module, datamodule=DigitsDataModule(batch_size=16))
     assert (tmp_path / "epoch0.txt").read_text().split() == ["head.bias", "head.weight"]
     assert "blocks.0.attn.qkv.weight" in (tmp_path / "epoch1.txt").read_text().split()
+
+
+def test_the_processes_a_trainer_config_runs_on_this_machine(monkeypatch):
+    from vit.commands.train import local_processes
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert local_processes({"devices": 2, "accelerator": "cpu"}) == 2
+    assert local_processes({"devices": [0, 1, 2]}) == 3
+    assert local_processes({"devices": "auto", "accelerator": "gpu"}) == 4
+    assert local_processes({"devices": "auto", "accelerator": "cpu"}) == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert local_processes({"devices": 1}) == 8

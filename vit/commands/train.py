@@ -12,6 +12,7 @@ TensorBoard logs to logs/<run>/version_<n>/. Resuming (`--ckpt_path last`) conti
 """
 
 import logging
+import os
 import re
 import sys
 import time
@@ -31,7 +32,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from vit.callbacks import AttentionMapCallback
 from vit.checkpoint import CheckpointError, load_checkpoint
 from vit.checkpoint_io import AtomicCheckpointIO
-from vit.data import DataError, ImageClassificationData
+from vit.data import DataError, ImageClassificationData, default_memory_budget_gb
 from vit.module import NonFiniteLossError, ViTClassifier
 from vit.planned_run import FitBudget, apply_plan, explicit_keys, is_explicit, plan_yaml
 from vit.timed_checkpoint import TimedCheckpoint
@@ -117,6 +118,7 @@ class ViTCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def before_instantiate_classes(self) -> None:
+        share_memory_budget(self.config[self.subcommand] if self.subcommand else self.config)
         # Planning happens before anything is built: the folder is then decoded once, at the planned size.
         if self.subcommand == "fit":
             try:
@@ -244,6 +246,30 @@ class ViTCLI(LightningCLI):
             )
         elif (acc := self.trainer.callback_metrics.get("val/acc")) is not None:
             print(f"\nval/acc {float(acc):.4f} (last epoch) {took}; no checkpoint written")
+
+
+def local_processes(trainer) -> int:
+    """How many training processes this machine will run for a Trainer config (devices: N, a list, "auto", -1)."""
+    if os.environ.get("LOCAL_WORLD_SIZE", "").isdigit():  # torchrun
+        return int(os.environ["LOCAL_WORLD_SIZE"])
+    devices, accelerator = trainer.get("devices", "auto"), str(trainer.get("accelerator", "auto"))
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if str(devices).lstrip("-").isdigit() and int(devices) > 0:
+        return int(devices)
+    gpus = torch.cuda.device_count() if accelerator in ("auto", "gpu", "cuda") else 0
+    return max(1, gpus)  # "auto" and -1: every GPU, or one CPU process
+
+
+def share_memory_budget(config) -> None:
+    """Under DDP every process of a machine decodes and holds its own copy of an in-memory folder: the default
+    budget (a quarter of the RAM) is shared among them, unless --data.init_args.max_memory_gb says otherwise."""
+    data = config.get("data") or {}
+    if data.get("class_path") != "vit.data.ImageFolderDataModule" or data.init_args.get("max_memory_gb") is not None:
+        return
+    n = local_processes(config.get("trainer") or {})
+    if n > 1:
+        data.init_args.max_memory_gb = round(default_memory_budget_gb() / n, 2)
 
 
 def root_cause(e: BaseException) -> BaseException:
