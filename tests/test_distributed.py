@@ -82,6 +82,8 @@ def test_validation_over_two_ranks_equals_one_process_padding_never_counted(tmp_
         results[devices] = trainer.validate(module, datamodule=dm, verbose=False)[0]
     assert results[2]["val/acc"] == pytest.approx(results[1]["val/acc"], abs=1e-7)
     assert results[2]["val/acc5"] == pytest.approx(results[1]["val/acc5"], abs=1e-7)
+    assert results[2]["val/acc_balanced"] == pytest.approx(results[1]["val/acc_balanced"], abs=1e-6)
+    assert results[2]["val/f1_macro"] == pytest.approx(results[1]["val/f1_macro"], abs=1e-6)
 
 
 def test_two_rank_ddp_on_1001_images_at_batch_167_trains_two_epochs_and_exits(tmp_path):

@@ -21,7 +21,7 @@ from timm.loss import SoftTargetCrossEntropy
 from vit.device_data import IGNORE
 from vit.gradients import clip_by_norm_, clip_by_value_, grads_of, total_norm
 from vit.interop import load_timm_weights
-from vit.metrics import TopKAccuracy
+from vit.metrics import ConfusionCounts, TopKAccuracy
 from vit.model import VisionTransformer, ViTConfig
 from vit.moe import MoEMlp
 from vit.nonfinite import NonFiniteGuard, supports_found_inf
@@ -167,6 +167,7 @@ class ViTClassifier(L.LightningModule):
         self.train_acc = TopKAccuracy(1)
         self.val_acc = TopKAccuracy(1)
         self.val_acc5 = TopKAccuracy(top5)
+        self.val_counts = ConfusionCounts(num_classes)  # val/acc_balanced and val/f1_macro, once an epoch
         self.test_acc = TopKAccuracy(1)
         self.test_acc5 = TopKAccuracy(top5)
         self._guard, self._guard_on_device, self._skipped = NonFiniteGuard(), False, 0
@@ -341,6 +342,8 @@ class ViTClassifier(L.LightningModule):
         acc, acc5 = (self.val_acc, self.val_acc5) if stage == "val" else (self.test_acc, self.test_acc5)
         acc.update(logits, y)
         acc5.update(logits, y)
+        if stage == "val":
+            self.val_counts.update(logits, y)
         # sync_dist: the mean over all ranks' batches (torchmetrics objects sync themselves)
         loss = F.cross_entropy(logits, y, ignore_index=IGNORE)  # DDP padding of the in-memory path left out
         self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=True)
@@ -349,6 +352,15 @@ class ViTClassifier(L.LightningModule):
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        """The mean recall over classes (what accuracy hides on an imbalanced folder) and macro F1, from the epoch's
+        confusion counts (summed over ranks by torchmetrics)."""
+        if self.val_counts.update_called:
+            balanced, f1 = self.val_counts.compute()
+            self.log("val/acc_balanced", balanced)
+            self.log("val/f1_macro", f1)
+        self.val_counts.reset()
 
     def test_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, "test")
