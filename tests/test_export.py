@@ -132,7 +132,9 @@ def test_onnx_fed_as_its_sidecar_says_gives_vit_predicts_answers(smoke_ckpt, tmp
     served = json.loads(capsys.readouterr().out)
     session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     x = np.stack([_from_sidecar(f, meta) for f in files])
-    probs = torch.from_numpy(session.run(None, {meta["input"]: x})[0]).softmax(-1).numpy()
+    # the sidecar's temperature calibrates the probabilities as vit-predict does
+    assert meta["temperature"] == torch.load(smoke_ckpt, weights_only=True)["calibration"]["temperature"] != 1.0
+    probs = (torch.from_numpy(session.run(None, {meta["input"]: x})[0]) / meta["temperature"]).softmax(-1).numpy()
     for rec, p in zip(served, probs):
         ours = {d["label"]: d["prob"] for d in rec["predictions"]}
         assert meta["class_names"][int(p.argmax())] == rec["predictions"][0]["label"], rec["path"]

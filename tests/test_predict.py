@@ -108,14 +108,14 @@ def test_table_and_csv(ckpt, images, tmp_path, capsys):
 def test_preprocessing_comes_from_the_checkpoint(ckpt, tmp_path, capsys):
     """A validation digit saved as a PNG is classified exactly as training's validation tensor is."""
     dm = DigitsDataModule()
-    model, _ = load_model(ckpt)
+    model, hparams = load_model(ckpt)
     files = []
     for i in range(4):
         Image.fromarray(dm.val_set.images[i].permute(1, 2, 0).numpy()).save(tmp_path / f"{i}.png")
         files.append(tmp_path / f"{i}.png")
     code, out, _ = _run(capsys, "--ckpt", ckpt, "--format", "json", "--topk", "10", *files)
-    with torch.no_grad():
-        expect = model(torch.stack([dm.val_set[i][0] for i in range(4)])).softmax(-1)
+    with torch.no_grad():  # the served probabilities: calibrated by the temperature fitted after training
+        expect = (model(torch.stack([dm.val_set[i][0] for i in range(4)])) / hparams["temperature"]).softmax(-1)
     for i, rec in enumerate(json.loads(out)):
         got = {p["label"]: p["prob"] for p in rec["predictions"]}
         np.testing.assert_allclose([got[str(c)] for c in range(10)], expect[i].numpy(), atol=1e-5)
@@ -247,3 +247,58 @@ def test_a_one_channel_model_reads_files_as_grayscale(tmp_path, capsys):
                         tmp_path / "colour.png", tmp_path / "luma.png")  # fmt: skip
     colour, luma = json.loads(out)
     assert code == 0 and colour["predictions"] == luma["predictions"]
+
+
+def _with_temperature(ckpt: Path, out: Path, temperature: float | None) -> Path:
+    data = torch.load(ckpt, weights_only=True)
+    data.pop("calibration", None)
+    if temperature is not None:
+        data["calibration"] = {"temperature": temperature}
+    torch.save(data, out)
+    return out
+
+
+def test_probabilities_are_calibrated_by_the_checkpoints_temperature_unless_raw(ckpt, images, tmp_path, capsys):
+    """softmax(logits / T) with the checkpoint's T = 2; `--raw-probs`: softmax(logits). log(raw probabilities) are the
+    logits up to a constant, so the calibrated ones follow from the raw ones; the top-1 is the same."""
+    hot = _with_temperature(ckpt, tmp_path / "t2.ckpt", 2.0)
+    files = [str(p) for p in sorted((images / "good").glob("*.png"))]
+    answers = {}
+    for flags in ([], ["--raw-probs"]):
+        code, out, _ = _run(capsys, "--ckpt", hot, "--format", "json", "--topk", "10", *flags, *files)
+        assert code == 0
+        answers[bool(flags)] = json.loads(out)
+    for calibrated, raw in zip(answers[False], answers[True]):
+        raw_p = torch.tensor([p["prob"] for p in sorted(raw["predictions"], key=lambda p: p["label"])])
+        expected = (raw_p.log() / 2.0).softmax(-1)
+        got = torch.tensor([p["prob"] for p in sorted(calibrated["predictions"], key=lambda p: p["label"])])
+        torch.testing.assert_close(got, expected, atol=2e-5, rtol=0)
+        assert calibrated["predictions"][0]["label"] == raw["predictions"][0]["label"]
+        assert calibrated["predictions"][0]["prob"] < raw["predictions"][0]["prob"]  # T > 1 softens
+
+
+def test_an_older_checkpoint_without_a_temperature_serves_the_raw_softmax(ckpt, images, tmp_path, capsys):
+    old = _with_temperature(ckpt, tmp_path / "old.ckpt", None)
+    assert load_model(old)[1]["temperature"] == 1.0
+    files = [str(p) for p in sorted((images / "good").glob("*.png"))]
+    _, calibrated, _ = _run(capsys, "--ckpt", old, "--format", "json", *files)
+    _, raw, _ = _run(capsys, "--ckpt", old, "--format", "json", "--raw-probs", *files)
+    assert calibrated == raw
+
+
+def test_a_fit_stores_a_temperature_in_its_checkpoints_and_logs_the_evaluation(smoke_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folder = smoke_run.root / "checkpoints" / "smoke" / "version_0"
+    for path in [folder / "last.ckpt", *folder.glob("best-epoch*.ckpt")]:
+        report = torch.load(path, weights_only=True)["calibration"]
+        assert report["temperature"] > 0 and report["ece"] <= report["ece_uncalibrated"] + 1e-6
+        assert report["nll"] <= report["nll_uncalibrated"] + 1e-6  # fitted on these very logits
+        assert load_model(path)[1]["temperature"] == report["temperature"]
+    ea = EventAccumulator(
+        str(smoke_run.root / "logs" / "smoke" / "version_0"), size_guidance={"images": 0, "scalars": 0}
+    )
+    ea.Reload()
+    assert "eval/confusion_matrix" in ea.Tags()["images"]
+    for tag in ("eval/ece", "eval/ece_uncalibrated", "eval/temperature", "eval/acc_per_class/0"):
+        assert len(ea.Scalars(tag)) == 1, tag

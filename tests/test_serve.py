@@ -163,6 +163,20 @@ def test_served_top_k_equals_vit_predicts(server, smoke_ckpt, images, capsys):
     ]
 
 
+def test_raw_1_serves_the_softmax_without_the_calibration_temperature(server, smoke_ckpt, images, capsys):
+    assert (
+        predict_main(["--ckpt", str(smoke_ckpt), "--format", "json", "--topk", "10", "--raw-probs", str(images[0])])
+        == 0
+    )
+    raw = json.loads(capsys.readouterr().out)[0]["predictions"]
+    status, answer = upload(server, images[0].read_bytes(), "topk=10&raw=1")
+    assert status == 200
+    np.testing.assert_allclose([p["prob"] for p in answer["predictions"]], [p["prob"] for p in raw], atol=1e-5)
+    _, calibrated = upload(server, images[0].read_bytes(), "topk=10")
+    assert calibrated["predictions"][0]["prob"] != pytest.approx(raw[0]["prob"], abs=1e-4)  # T was fitted != 1
+    assert request(f"{server}/info")[1]["model"]["temperature"] != 1.0
+
+
 def test_relevance_map_comes_as_a_png_overlay_of_the_predicted_class(server, images):
     for kind in ("relevance", "rollout"):
         status, answer = upload(server, images[0].read_bytes(), f"topk=2&map={kind}")
@@ -201,6 +215,7 @@ def _bad_inputs(tmp_path) -> dict:
         "body over the limit": (multipart("file", png + b"\0" * (3 * 2**20)), 413),
         "bad topk": (multipart("file", png), 400, "topk=many"),
         "bad map": (multipart("file", png), 400, "map=gradcam"),
+        "bad raw": (multipart("file", png), 400, "raw=yes"),
     }
 
 

@@ -47,6 +47,14 @@ def arch_from_hparams(hparams: dict) -> ViTConfig:
     return ViTConfig.from_dict(hparams, strict=False)
 
 
+def temperature_of(ckpt: dict, path) -> float:
+    """The calibration temperature fitted after training (vit/calibration.py); 1.0 for a checkpoint without one."""
+    t = (ckpt.get("calibration") or {}).get("temperature", 1.0)
+    if not isinstance(t, (int, float)) or not 0 < t < 1e3:
+        raise CheckpointError(f"{path}: calibration temperature {t!r} must be a number in (0, 1000)")
+    return float(t)
+
+
 MAX_IMG_SIZE = 4096  # a side beyond any ViT recipe: a checkpoint asking more would make predict allocate gigabytes
 
 
@@ -86,6 +94,7 @@ def load_model(path: str | Path) -> tuple[VisionTransformer, dict]:
             raise
         raise CheckpointError(f"{path}: hyper-parameters do not build a model ({e})") from None
     hparams = {**hparams, "img_size": cfg.img_size, "in_chans": cfg.in_chans, "arch": cfg.to_dict()}
+    hparams["temperature"] = temperature_of(ckpt, path)
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     try:
         model.load_state_dict(state)

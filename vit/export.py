@@ -58,4 +58,6 @@ def sidecar(hparams: dict) -> dict:
         "std": list(hparams["std"]),
         "class_names": hparams.get("class_names"),
         "preprocess": preprocess_spec(img_size, in_chans, hparams["mean"], hparams["std"]),
+        # calibrated probabilities, as vit-predict serves them: softmax(logits / temperature) (1.0: not calibrated)
+        "temperature": hparams.get("temperature", 1.0),
     }

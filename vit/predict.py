@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from vit.attention_maps import attention_rollout, capture_attention, denormalize, image_relevance, overlay, relevance
+from vit.calibration import probabilities
 from vit.images import describe, eval_geometry, read_image
 
 
@@ -75,9 +76,10 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def top_k(logits: torch.Tensor, names: list[str], k: int) -> list[list[dict]]:
-    """(B, num_classes) logits -> per image the k most probable classes: [{'label', 'prob'}], most probable first."""
-    probs, top = logits.float().softmax(-1).topk(min(k, len(names)), dim=-1)
+def top_k(logits: torch.Tensor, names: list[str], k: int, temperature: float = 1.0) -> list[list[dict]]:
+    """(B, num_classes) logits -> per image the k most probable classes: [{'label', 'prob'}], most probable first,
+    with the probabilities softmax(logits / temperature) (vit.calibration; 1.0: the raw softmax)."""
+    probs, top = probabilities(logits, temperature).topk(min(k, len(names)), dim=-1)
     return [
         [{"label": names[t], "prob": round(p, 6)} for p, t in zip(p_row, t_row)]
         for p_row, t_row in zip(probs.cpu().tolist(), top.cpu().tolist())
@@ -117,9 +119,11 @@ def predict(
     attention_out: str | None = None,
     progress: bool = True,
     attention_map: str = "relevance",
+    raw_probs: bool = False,
 ) -> list[dict]:
     """Classify image files: one record per path, in order: {'path', 'predictions': [{'label', 'prob'}], 'error'}.
-    With `attention_out`, also an overlay PNG per image there (`attention_map`: relevance or rollout)."""
+    With `attention_out`, also an overlay PNG per image there (`attention_map`: relevance or rollout). Probabilities
+    are calibrated by the checkpoint's temperature (hparams["temperature"]) unless `raw_probs`."""
     from torchvision.utils import save_image
     from tqdm import tqdm
 
@@ -141,6 +145,7 @@ def predict(
         Path(attention_out).mkdir(parents=True, exist_ok=True)
     bar = tqdm(loader, desc="predict", unit="batch", file=sys.stderr, disable=not progress or len(loader) <= 3)
     mean, std = channel_stats(hparams, dev)
+    temperature = 1.0 if raw_probs else hparams.get("temperature", 1.0)
     with torch.inference_mode():  # relevance() leaves it for its own backward
         for x, idx, errors in bar:
             for i, err in errors:
@@ -155,6 +160,6 @@ def predict(
                     save_image(picture, Path(attention_out) / f"{i:05d}_{Path(paths[i]).stem}.png")
             else:
                 logits = model(x)
-            for i, preds in zip(idx, top_k(logits, names, topk)):
+            for i, preds in zip(idx, top_k(logits, names, topk, temperature)):
                 records[i]["predictions"] = preds
     return records

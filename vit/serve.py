@@ -69,8 +69,9 @@ def decode_upload(data: bytes, img_size: int, in_chans: int, max_pixels: int) ->
         raise RequestError(400, f"cannot read the image: {describe(e)}") from None
 
 
-def query_options(query: str, max_topk: int) -> tuple[int, str]:
-    """`topk` (1 to the number of classes, default 5) and `map` (none, relevance, rollout) from the query string."""
+def query_options(query: str, max_topk: int) -> tuple[int, str, bool]:
+    """`topk` (1 to the number of classes, default 5), `map` (none, relevance, rollout) and `raw` (1: the softmax
+    without the calibration temperature) from the query string."""
     q = parse_qs(query)
     try:
         topk = int(q.get("topk", ["5"])[-1])
@@ -81,7 +82,10 @@ def query_options(query: str, max_topk: int) -> tuple[int, str]:
     kind = q.get("map", ["none"])[-1]
     if kind not in MAPS:
         raise RequestError(400, f"map={kind!r} is not one of {list(MAPS)}")
-    return min(topk, max_topk), kind
+    raw = q.get("raw", ["0"])[-1]
+    if raw not in ("0", "1"):
+        raise RequestError(400, f"raw={raw!r} is not 0 or 1")
+    return min(topk, max_topk), kind, raw == "1"
 
 
 class ImageRequests:
@@ -101,7 +105,7 @@ class ImageRequests:
             await self.app(scope, receive, send)
             return
         try:
-            topk, kind = query_options(scope.get("query_string", b"").decode("latin-1"), self.num_classes)
+            topk, kind, raw = query_options(scope.get("query_string", b"").decode("latin-1"), self.num_classes)
             body = await self._body(scope, receive)
             data = await self._image_bytes(scope, body)
             pixels = await _in_thread(decode_upload, data, self.img_size, self.in_chans, self.max_pixels)
@@ -109,7 +113,7 @@ class ImageRequests:
             await _json(send, e.status, {"error": str(e)})
             return
         payload = json.dumps(
-            {"pixels": base64.b64encode(pixels.numpy().tobytes()).decode(), "topk": topk, "map": kind}
+            {"pixels": base64.b64encode(pixels.numpy().tobytes()).decode(), "topk": topk, "map": kind, "raw": raw}
         ).encode()
         headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-type", b"content-length")]
         headers += [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
@@ -281,20 +285,25 @@ class ViTAPI(ls.LitAPI):
 
     def decode_request(self, request: dict):
         pixels = torch.frombuffer(bytearray(base64.b64decode(request["pixels"])), dtype=torch.uint8)
-        return pixels.reshape(self.shape), int(request["topk"]), request["map"]
+        return pixels.reshape(self.shape), int(request["topk"]), request["map"], bool(request.get("raw"))
 
     def batch(self, inputs: list) -> list:
         return inputs  # predict stacks the images and keeps each request's options
 
     def predict(self, items: list) -> list[dict]:
-        x = torch.stack([pixels for pixels, _, _ in items]).to(self.device, non_blocking=True)
+        x = torch.stack([pixels for pixels, _, _, _ in items]).to(self.device, non_blocking=True)
         x = normalize(x, self.mean, self.std)  # (B, C, S, S)
         with torch.inference_mode():
             logits = self.model(x)
-        top = top_k(logits, self.names, max(k for _, k, _ in items))
-        out = [{"predictions": top[i][:k], "map": None, "batch": len(items)} for i, (_, k, _) in enumerate(items)]
+        k_max = max(k for _, k, _, _ in items)
+        calibrated = top_k(logits, self.names, k_max, self.hparams.get("temperature", 1.0))
+        raw = top_k(logits, self.names, k_max) if any(r for _, _, _, r in items) else None
+        out = [
+            {"predictions": (raw if r else calibrated)[i][:k], "map": None, "batch": len(items)}
+            for i, (_, k, _, r) in enumerate(items)
+        ]
         for kind in MAPS[1:]:
-            idx = [i for i, (_, _, m) in enumerate(items) if m == kind]
+            idx = [i for i, (_, _, m, _) in enumerate(items) if m == kind]
             if idx:
                 for i, picture in zip(idx, map_overlays(self.model, x[idx], self.hparams, kind)):
                     out[i]["map"] = picture
@@ -317,4 +326,5 @@ def server_info(ckpt: str | Path, hparams: dict) -> dict:
         "std": list(hparams["std"]),
         "arch": hparams["arch"],
         "checkpoint": Path(ckpt).name,  # the file's name only: where it lives on the server is no client's business
+        "temperature": hparams.get("temperature", 1.0),  # probabilities are softmax(logits / temperature); ?raw=1
     }

@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="relevance",
         help="relevance: class-specific, for the predicted class (default); rollout: attention rollout",
     )
+    ap.add_argument(
+        "--raw-probs",
+        action="store_true",
+        help="the model's softmax as it is, without the calibration temperature fitted after training",
+    )
     ap.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, folders (recursive) or globs")
     return ap
 
@@ -90,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         num_workers=args.num_workers,
         attention_out=args.attention_out,
         attention_map=args.attention_map,
+        raw_probs=args.raw_probs,
     )
     text = format_records(records, args.format, min(args.topk, model.num_classes))
     if args.output:

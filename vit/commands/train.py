@@ -27,6 +27,7 @@ from jsonargparse import ArgumentError, set_parsing_settings
 from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from vit.callbacks import AttentionMapCallback
@@ -246,6 +247,50 @@ class ViTCLI(LightningCLI):
             )
         elif (acc := self.trainer.callback_metrics.get("val/acc")) is not None:
             print(f"\nval/acc {float(acc):.4f} (last epoch) {took}; no checkpoint written")
+        saved = [c.best_model_path for c in (cb, last) if c is not None and c.best_model_path]
+        if saved:
+            self._calibrate(saved)
+
+    def _calibrate(self, paths: list[str]) -> None:
+        """A temperature for the best and the last checkpoint, fitted on the validation set (vit/calibration.py);
+        the best one's calibration and confusion matrix go to TensorBoard under eval/."""
+        from vit.calibration import calibrate_checkpoints
+        from vit.evaluation import confusion_figure, confusion_matrix, per_class_recall
+
+        dm = self.datamodule
+        reports = calibrate_checkpoints(paths, unsharded_val_batches(dm), self.trainer.strategy.root_device)
+        best = reports[paths[0]]
+        print(
+            f"calibrated: temperature {best['temperature']:.3f}, ECE {best['ece_uncalibrated']:.4f} -> "
+            f"{best['ece']:.4f} on the validation set it was fitted on (vit-predict and vit-serve apply it; "
+            "--raw-probs: without)"
+        )
+        tb = next((lg for lg in self.trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+        if tb is None:
+            return
+        step, writer = self.trainer.global_step, tb.experiment
+        for key in ("ece", "ece_uncalibrated", "temperature", "nll", "nll_uncalibrated"):
+            writer.add_scalar(f"eval/{key}", best[key], step)
+        logits, targets = best["_logits"]
+        cm = confusion_matrix(logits, targets, dm.num_classes)
+        writer.add_figure("eval/confusion_matrix", confusion_figure(cm, list(dm.class_names)), step)
+        for name, recall in zip(dm.class_names, per_class_recall(cm).tolist()):
+            writer.add_scalar(f"eval/acc_per_class/{name}", recall, step)
+        writer.flush()
+
+
+def unsharded_val_batches(dm):
+    """The whole validation set in one process (after fit, on rank zero), as training evaluated it."""
+    from torch.utils.data import DataLoader
+
+    from vit.device_data import DeviceBatches
+
+    if getattr(dm, "memory", None) and "val" in dm.memory:
+        images, targets = dm.memory["val"]
+        return DeviceBatches(images, targets, dm.eval_batch_size, dm.mean, dm.std, train=False, out_size=dm.img_size)
+    if getattr(dm, "val_set", None) is not None:
+        return DataLoader(dm.val_set, batch_size=dm.eval_batch_size, num_workers=dm.num_workers)
+    return dm.val_dataloader()  # litdata streams: its own loader
 
 
 def local_processes(trainer) -> int:
