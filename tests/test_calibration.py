@@ -37,3 +37,16 @@ def test_a_calibrated_model_keeps_a_temperature_near_one():
     logits = torch.randn(4000, 4, generator=g)
     targets = torch.multinomial(logits.softmax(-1), 1, generator=g).squeeze(1)  # labels drawn from its own softmax
     assert abs(fit_temperature(logits, targets) - 1.0) < 0.1
+
+
+def test_a_model_at_chance_is_calibrated_towards_uniform_within_the_range(tmp_path):
+    """Random labels: the NLL keeps falling as T grows; the fit stops at the top of the range, which loads."""
+    from vit.calibration import TEMPERATURE_RANGE
+
+    g = torch.Generator().manual_seed(5)
+    logits, targets = torch.randn(500, 10, generator=g) * 3, torch.randint(0, 10, (500,), generator=g)
+    t = fit_temperature(logits, targets)
+    assert t == TEMPERATURE_RANGE[1]
+    from vit.checkpoint import temperature_of
+
+    assert temperature_of({"calibration": {"temperature": t}}, tmp_path / "x.ckpt") == t

@@ -17,10 +17,14 @@ import torch.nn.functional as F
 from torchmetrics.functional.classification import multiclass_calibration_error
 
 ECE_BINS = 15
+# A model no better than chance is best calibrated by uniform probabilities: its NLL falls as T grows without end.
+# softmax(logits / 100) is uniform to within any digit anyone reads, so the fit stops there (and at 1/100 below).
+TEMPERATURE_RANGE = (0.01, 100.0)
 
 
 def fit_temperature(logits: torch.Tensor, targets: torch.Tensor, max_iter: int = 100) -> float:
-    """T > 0 minimising NLL(softmax(logits / T), targets): LBFGS on log T (T stays positive), from T = 1."""
+    """T > 0 minimising NLL(softmax(logits / T), targets): LBFGS on log T (T stays positive), from T = 1, kept
+    within TEMPERATURE_RANGE."""
     logits, targets = logits.detach().float().cpu(), targets.detach().cpu()
     log_t = torch.zeros((), requires_grad=True)
     opt = torch.optim.LBFGS([log_t], lr=0.5, max_iter=max_iter, line_search_fn="strong_wolfe")
@@ -33,7 +37,8 @@ def fit_temperature(logits: torch.Tensor, targets: torch.Tensor, max_iter: int =
 
     opt.step(closure)
     t = float(log_t.detach().exp())
-    return t if math.isfinite(t) and t > 0 else 1.0
+    low, high = TEMPERATURE_RANGE
+    return min(high, max(low, t)) if math.isfinite(t) else high
 
 
 def calibration_report(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> dict:
