@@ -3,6 +3,7 @@ chosen by Lightning's `gradient_clip_val` / `gradient_clip_algorithm` for every 
 with."""
 
 import copy
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -103,3 +104,14 @@ def test_clipping_trains_with_fused_adamw_and_muon_in_fp32_and_bf16(precision, o
             torch.testing.assert_close(got, p.grad)
     after = module.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the clipped steps were applied
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_bf16_run_with_gradient_clip_val_1_trains_from_the_command_line(optimizer, in_tmp):
+    import train
+
+    smoke = str(Path(__file__).parent.parent / "configs" / "smoke.yaml")
+    flags = ["--trainer.precision", "bf16-mixed", "--trainer.gradient_clip_val", "1.0", "--model.optimizer", optimizer]
+    quiet = ["--trainer.enable_progress_bar", "false", "--attention_maps.every_n_epochs", "0"]
+    cli = train.main(["fit", "--config", smoke, *flags, *quiet])
+    assert cli.trainer.global_step == 8 and cli.trainer.gradient_clip_val == 1.0
