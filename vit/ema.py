@@ -41,7 +41,7 @@ class DeviceEMA(AveragedModel):
             self._started = True
         else:  # integer buffers (counters) are copied, as AveragedModel's EMA leaves them to the model
             torch._foreach_lerp_([mine[i] for i in floats], [theirs[i] for i in floats], 1.0 - self.decay)
-            others = [i for i in range(len(mine)) if i not in set(floats)]
+            others = [i for i, t in enumerate(mine) if not t.is_floating_point()]
             if others:
                 torch._foreach_copy_([mine[i] for i in others], [theirs[i] for i in others])
         self.n_averaged += 1
