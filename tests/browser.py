@@ -32,6 +32,7 @@ class Browser:
         self.proc = None
         self.ws = None
         self._id = 0
+        self.events: list[dict] = []  # every event the page sent (console messages, exceptions, log entries)
 
     def __enter__(self) -> "Browser":
         self.profile.mkdir(parents=True, exist_ok=True)
@@ -65,11 +66,13 @@ class Browser:
                 self.proc.kill()
 
     def send(self, method: str, **params) -> dict:
-        """One DevTools command; events that arrive before its answer are passed over."""
+        """One DevTools command; events that arrive before its answer are kept in `events`."""
         self._id += 1
         self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
         while True:
             message = json.loads(self.ws.recv(timeout=60))
+            if "method" in message:
+                self.events.append(message)
             if message.get("id") == self._id:
                 if "error" in message:
                     raise RuntimeError(f"{method}: {message['error']}")

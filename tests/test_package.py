@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ("vit-train", "vit-predict", "vit-export", "vit-attention", "vit-serve")
+SCRIPTS = ("vit-train", "vit-predict", "vit-export", "vit-attention", "vit-serve", "vit-eval")
 
 
 def _run(args, cwd, timeout=300) -> subprocess.CompletedProcess:

@@ -191,6 +191,17 @@ class ImageClassificationData(L.LightningDataModule):
         return self.val_dataloader()
 
 
+def whole_val_batches(dm: ImageClassificationData):
+    """The whole validation set in one process (after fit on rank zero, or in vit-eval), as training evaluated it:
+    (normalised images, targets) batches."""
+    if getattr(dm, "memory", None) and "val" in dm.memory:
+        images, targets = dm.memory["val"]
+        return DeviceBatches(images, targets, dm.eval_batch_size, dm.mean, dm.std, train=False, out_size=dm.img_size)
+    if getattr(dm, "val_set", None) is not None:
+        return DataLoader(dm.val_set, batch_size=dm.eval_batch_size, num_workers=dm.num_workers)
+    return dm.val_dataloader()  # litdata streams: its own loader
+
+
 class DigitsDataModule(ImageClassificationData):
     """scikit-learn's 1,797 real 8x8 handwritten digits (shipped inside the package: works offline), upscaled to
     img_size x img_size RGB. A fixed train/val split by `split_seed`; random-crop augmentation, no flip (a flipped

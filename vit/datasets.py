@@ -190,47 +190,10 @@ class TorchvisionDataModule(ImageClassificationData):
         self.val_set = TensorImageDataset(val_x, val_y, to_float)
 
     def _open(self, cls, kwargs: dict, download: bool):
-        try:
-            if cls is datasets.ImageFolder:  # timm's torch/image_folder: root/train/<class>/*, root/val/<class>/*
-                names = TRAIN_DIRS if kwargs.get("train") else VAL_DIRS
-                folder = next((self.root / d for d in names if (self.root / d).is_dir()), None)
-                if folder is None:
-                    raise DataError(f"torch/{self.name}: {self.root}/ has none of the folders {list(names)}")
-                return cls(str(folder))
-            if cls.__name__ in NO_DOWNLOAD:
-                return cls(str(self.root), **kwargs)
-            return cls(str(self.root), download=download, **kwargs)
-        except (AssertionError, KeyError, ValueError, TypeError, IndexError, EOFError, OSError, RuntimeError) as e:
-            # Files that are there but not in the layout torchvision reads (an idx file of another kind, truncated)
-            # are named; otherwise the files are missing (URLError is an OSError; torchvision raises RuntimeError).
-            if isinstance(e, DataError):
-                raise
-            problem = first_idx_problem(self.root / cls.__name__)  # torchvision keeps each set in root/<Class>/
-            if problem:
-                raise DataError(problem) from None
-            if not isinstance(e, (OSError, RuntimeError)):
-                raise DataError(f"torch/{self.name} in {self.root}/: unreadable ({type(e).__name__}: {e})") from None
-            reason = " ".join((str(getattr(e, "reason", "") or e)).split())[:120]
-            raise DataError(
-                f"torch/{self.name} not found in {self.root}/ and not downloadable ({reason}): "
-                f"{where_files_go(cls, self.root)} and run again"
-            ) from None
+        return open_split(self.name, cls, kwargs, self.root, download)
 
     def _decode(self, ds, img_size: int | None) -> torch.Tensor:
-        try:
-            x = _uint8_images(ds)
-        except TypeError:  # file-backed: decode every image once, in threads, at img_size
-            paths = _files(ds)[0]
-            if not paths or img_size is None:
-                raise ValueError(f"dataset=torch/{self.name}: give --data.init_args.img_size") from None
-            images, bad = decode_images(paths, img_size)
-            if bad:
-                raise DataError(f"{bad[0][0]}: {bad[0][1]} (and {len(bad) - 1} more)") from None
-            return torch.stack(images)
-        if img_size is not None and x.shape[-1] != img_size:
-            x = F.interpolate(x.float(), size=(img_size, img_size), mode="bilinear", antialias=True)
-            x = x.round_().clamp_(0, 255).to(torch.uint8)
-        return x
+        return decode_split(ds, img_size, self.name)
 
     def _stats(self, train_x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Published mean/std, or measured on the training split once and cached beside the data."""
@@ -249,3 +212,63 @@ class TorchvisionDataModule(ImageClassificationData):
                 pass
         mean, std = stats[key]
         return tuple(mean), tuple(std)
+
+
+def open_split(name: str, cls, kwargs: dict, root: Path, download: bool):
+    """One split of a torchvision dataset (`kwargs`: its train/split arguments), or a DataError naming the files."""
+    try:
+        if cls is datasets.ImageFolder:  # timm's torch/image_folder: root/train/<class>/*, root/val/<class>/*
+            names = TRAIN_DIRS if kwargs.get("train") else VAL_DIRS
+            folder = next((root / d for d in names if (root / d).is_dir()), None)
+            if folder is None:
+                raise DataError(f"torch/{name}: {root}/ has none of the folders {list(names)}")
+            return cls(str(folder))
+        if cls.__name__ in NO_DOWNLOAD:
+            return cls(str(root), **kwargs)
+        return cls(str(root), download=download, **kwargs)
+    except (AssertionError, KeyError, ValueError, TypeError, IndexError, EOFError, OSError, RuntimeError) as e:
+        # Files that are there but not in the layout torchvision reads (an idx file of another kind, truncated)
+        # are named; otherwise the files are missing (URLError is an OSError; torchvision raises RuntimeError).
+        if isinstance(e, DataError):
+            raise
+        problem = first_idx_problem(root / cls.__name__)  # torchvision keeps each set in root/<Class>/
+        if problem:
+            raise DataError(problem) from None
+        if not isinstance(e, (OSError, RuntimeError)):
+            raise DataError(f"torch/{name} in {root}/: unreadable ({type(e).__name__}: {e})") from None
+        reason = " ".join((str(getattr(e, "reason", "") or e)).split())[:120]
+        raise DataError(
+            f"torch/{name} not found in {root}/ and not downloadable ({reason}): "
+            f"{where_files_go(cls, root)} and run again"
+        ) from None
+
+
+def decode_split(ds, img_size: int | None, name: str) -> torch.Tensor:
+    """A split as one uint8 (N, C, S, S) tensor at img_size (None: its own size)."""
+    try:
+        x = _uint8_images(ds)
+    except TypeError:  # file-backed: decode every image once, in threads, at img_size
+        paths = _files(ds)[0]
+        if not paths or img_size is None:
+            raise ValueError(f"dataset=torch/{name}: give --data.init_args.img_size") from None
+        images, bad = decode_images(paths, img_size)
+        if bad:
+            raise DataError(f"{bad[0][0]}: {bad[0][1]} (and {len(bad) - 1} more)") from None
+        return torch.stack(images)
+    if img_size is not None and x.shape[-1] != img_size:
+        x = F.interpolate(x.float(), size=(img_size, img_size), mode="bilinear", antialias=True)
+        x = x.round_().clamp_(0, 255).to(torch.uint8)
+    return x
+
+
+def eval_split(dataset: str, root: str, img_size: int, in_chans: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """The evaluation split of `torch/<name>` (its test split, or val where it has no test split), decoded as
+    training decodes it at a checkpoint's img_size and channels: (uint8 (N, in_chans, S, S), targets, class names).
+    Nothing is downloaded."""
+    name, cls, splits = resolve(dataset)
+    ds = open_split(name, cls, (splits or SPLIT_BY_TRAIN)[1], Path(root), download=False)
+    x = decode_split(ds, img_size, name)
+    if x.shape[1] != in_chans:
+        x = x.expand(-1, 3, -1, -1).contiguous() if x.shape[1] == 1 else x[:, :in_chans]
+    classes = getattr(ds, "classes", None) or getattr(ds, "all_categories", None) or []
+    return x, _targets(ds), [str(c[0] if isinstance(c, tuple) else c) for c in classes]

@@ -4,6 +4,7 @@
     vit-predict    vit.commands.predict    (python predict.py) classify image files with a checkpoint
     vit-export     vit.commands.export     ONNX / TorchScript, with a sidecar JSON of the preprocessing
     vit-attention  vit.commands.attention  overlays for image files; `faithfulness`: deletion/insertion table
+    vit-eval       vit.commands.eval       the evaluation report: metrics, predictions, figures, one page
 
 Nothing in `vit/` outside this folder imports from it.
 """

@@ -30,10 +30,10 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from vit.callbacks import AttentionMapCallback
+from vit.callbacks import AttentionMapCallback, DataRecord, plain_data_config
 from vit.checkpoint import CheckpointError, load_checkpoint
 from vit.checkpoint_io import AtomicCheckpointIO
-from vit.data import DataError, ImageClassificationData, default_memory_budget_gb
+from vit.data import DataError, ImageClassificationData, default_memory_budget_gb, whole_val_batches
 from vit.module import NonFiniteLossError, ViTClassifier
 from vit.planned_run import FitBudget, apply_plan, explicit_keys, is_explicit, plan_yaml
 from vit.timed_checkpoint import TimedCheckpoint
@@ -179,6 +179,7 @@ class ViTCLI(LightningCLI):
         )
         if self.trainer.checkpoint_callbacks:  # none with --trainer.enable_checkpointing false
             self.trainer.callbacks.append(step_ckpt)
+            self.trainer.callbacks.append(DataRecord(plain_data_config(config.get("data"))))
         self._resume_in_place(config)
         if self.trainer.strategy.root_device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 matmuls for fp32 on Ampere and newer
@@ -258,7 +259,7 @@ class ViTCLI(LightningCLI):
         from vit.evaluation import confusion_figure, confusion_matrix, per_class_recall
 
         dm = self.datamodule
-        reports = calibrate_checkpoints(paths, unsharded_val_batches(dm), self.trainer.strategy.root_device)
+        reports = calibrate_checkpoints(paths, whole_val_batches(dm), self.trainer.strategy.root_device)
         best = reports[paths[0]]
         print(
             f"calibrated: temperature {best['temperature']:.3f}, ECE {best['ece_uncalibrated']:.4f} -> "
@@ -277,20 +278,6 @@ class ViTCLI(LightningCLI):
         for name, recall in zip(dm.class_names, per_class_recall(cm).tolist()):
             writer.add_scalar(f"eval/acc_per_class/{name}", recall, step)
         writer.flush()
-
-
-def unsharded_val_batches(dm):
-    """The whole validation set in one process (after fit, on rank zero), as training evaluated it."""
-    from torch.utils.data import DataLoader
-
-    from vit.device_data import DeviceBatches
-
-    if getattr(dm, "memory", None) and "val" in dm.memory:
-        images, targets = dm.memory["val"]
-        return DeviceBatches(images, targets, dm.eval_batch_size, dm.mean, dm.std, train=False, out_size=dm.img_size)
-    if getattr(dm, "val_set", None) is not None:
-        return DataLoader(dm.val_set, batch_size=dm.eval_batch_size, num_workers=dm.num_workers)
-    return dm.val_dataloader()  # litdata streams: its own loader
 
 
 def local_processes(trainer) -> int:

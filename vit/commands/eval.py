@@ -1,0 +1,228 @@
+"""`vit-eval` (or `python -m vit.commands.eval`): what a checkpoint gets right and wrong on a labelled set.
+
+    vit-eval --ckpt checkpoints/folder/version_0/last.ckpt path/to/labelled --out eval/   # <class>/<image> folders
+    vit-eval --ckpt last.ckpt --split val --out eval/          # the checkpoint's own validation split, as in training
+    vit-eval --ckpt last.ckpt torch/fashion_mnist --data-root data --out eval/      # a torchvision test split
+
+Writes into the --out folder: metrics.json, predictions.csv, per_class.csv, confusion_matrix.png, reliability.png,
+top_losses.png and index.html (one self-contained page with all of them). Probabilities are the served ones
+(calibrated by the checkpoint's temperature; --raw-probs: the softmax as it was), decoded and batched exactly as
+vit-predict does. Exit status: 0 done, 1 done but some files were unreadable (listed on stderr), 2 usage error.
+"""
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from vit.attention_maps import denormalize, overlay_batch, relevance
+from vit.checkpoint import CheckpointError, load_checkpoint, load_model_or_report
+from vit.data import DataError, ImageClassificationData, whole_val_batches
+from vit.device_data import DeviceBatches
+from vit.evaluation import (
+    confusion_figure,
+    metrics_of,
+    png_bytes,
+    prediction_rows,
+    reliability_figure,
+    report_html,
+    score,
+    top_losses_figure,
+    write_per_class,
+    write_predictions,
+)
+from vit.images import expand_inputs
+from vit.predict import ImageFiles, channel_stats, class_names, collate, normalize, pick_device
+
+
+class FileBatches:
+    """(normalised images, targets) batches of image files, decoded, batched and normalised as vit-predict does
+    (vit.predict.ImageFiles), so that every prediction equals vit-predict's. Unreadable files are reported on stderr,
+    left out, and listed in `.errors`; `.kept` lists the positions scored, in order."""
+
+    def __init__(self, files: list[str], targets: list[int], hparams: dict, batch_size: int, workers, device):
+        self.files, self.targets, self.device = files, torch.tensor(targets, dtype=torch.long), device
+        if workers is None:  # as vit-predict: leave a core to the forward
+            workers = max(1, min(4, (os.cpu_count() or 2) - 1)) if len(files) > batch_size else 0
+        self.loader = DataLoader(
+            ImageFiles(files, hparams["img_size"], hparams.get("in_chans", 3)),
+            batch_size=batch_size,
+            num_workers=workers,
+            collate_fn=collate,
+            pin_memory=device.type == "cuda",
+        )
+        self.mean, self.std = channel_stats(hparams, device)
+        self.kept: list[int] = []
+        self.errors: list[tuple[str, str]] = []
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for x, idx, errors in self.loader:
+            for i, err in errors:
+                self.errors.append((self.files[i], err))
+                print(f"{self.files[i]}: error: {err}", file=sys.stderr)
+            if x is not None:
+                self.kept.extend(idx)
+                yield normalize(x.to(self.device, non_blocking=True), self.mean, self.std), self.targets[idx]
+
+
+def labelled_folder(root: Path, classes: list[str]) -> tuple[list[str], list[int]]:
+    """Every image under root/<class>/ (recursively, in vit-predict's order) and its class index; a folder that is
+    not one of the checkpoint's classes, or an image outside any class folder, is a DataError naming it."""
+    if not root.is_dir():
+        raise DataError(f"{root}: not a folder (expected {root}/<class>/<image>, torch/<name> or --split val)")
+    index = {c: i for i, c in enumerate(classes)}
+    for sub in sorted(p for p in root.iterdir() if p.is_dir()):
+        if sub.name not in index:
+            shown = ", ".join(classes[:10]) + (", ..." if len(classes) > 10 else "")
+            raise DataError(f"{sub}: '{sub.name}' is not one of the checkpoint's {len(classes)} classes ({shown})")
+    files = expand_inputs([str(root)])
+    if not files:
+        raise DataError(f"{root}: no image files under {root}/<class>/")
+    targets = []
+    for f in files:
+        parts = Path(f).relative_to(root).parts
+        if len(parts) < 2:
+            raise DataError(f"{f}: not inside a class folder (expected {root}/<class>/<image>)")
+        targets.append(index[parts[0]])
+    return files, targets
+
+
+def training_data(path: str, hparams: dict):
+    """The data module a checkpoint was trained on, from its `data` record (vit.callbacks.DataRecord); only this
+    toolkit's own data classes are built, whatever the file names."""
+    record = load_checkpoint(path).get("data")
+    if not isinstance(record, dict) or not isinstance(record.get("class_path"), str):
+        raise CheckpointError(f"{path}: holds no record of its training data (older than vit-eval): give a folder")
+    module, _, name = record["class_path"].rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None) if module.split(".")[0] == "vit" else None
+    if not (isinstance(cls, type) and issubclass(cls, ImageClassificationData)):
+        raise CheckpointError(f"{path}: data class {record['class_path']!r} is not one of this toolkit's")
+    args = dict(record.get("init_args") or {})
+    if name == "ImageFolderDataModule":  # only the file lists: the files are decoded below, as vit-predict does
+        args.update(check_images=False, in_memory=False, mean=hparams["mean"], std=hparams["std"])
+    return cls(**args)
+
+
+def batches_for(args, hparams: dict, classes: list[str], device: torch.device):
+    """(batches, ids_of(n): the names of the n images scored, known after the pass, the FileBatches or None, title)."""
+    if args.split == "val":
+        dm = training_data(args.ckpt, hparams)
+        if getattr(dm, "samples", None):  # a folder: its validation files
+            files, targets = zip(*dm.samples["val"])
+            fb = FileBatches(list(files), list(targets), hparams, args.batch_size, args.num_workers, device)
+            return fb, lambda n: [fb.files[i] for i in fb.kept], fb, "its validation split"
+        dm.setup("validate")
+        batches = whole_val_batches(dm)
+        return batches, lambda n: [f"val/{i:06d}" for i in range(n)], None, "its validation split"
+    if args.data.startswith("torch/"):
+        from vit.datasets import eval_split
+
+        x, y, names = eval_split(args.data, args.data_root, hparams["img_size"], hparams.get("in_chans", 3))
+        if names and names != classes:
+            raise DataError(f"{args.data}: its classes {names[:5]}... are not the checkpoint's {classes[:5]}...")
+        batches = DeviceBatches(x, y, args.batch_size, hparams["mean"], hparams["std"], train=False)
+        stem = args.data.removeprefix("torch/")
+        return batches, lambda n: [f"torch/{stem}/test/{i:06d}" for i in range(n)], None, f"{args.data} (test)"
+    files, targets = labelled_folder(Path(args.data), classes)
+    fb = FileBatches(files, targets, hparams, args.batch_size, args.num_workers, device)
+    return fb, lambda n: [fb.files[i] for i in fb.kept], fb, args.data
+
+
+def top_losses(model, scored, rows, classes, hparams, device, ids: list[str]) -> bytes:
+    """top_losses.png: each of the worst images with the relevance maps of its true and of its predicted class."""
+    x = scored.worst_images.to(device)
+    picked = scored.worst_rows
+    true, pred = rows["true"][picked], rows["pred"][picked]
+    images = denormalize(x.float(), hparams["mean"], hparams["std"]).cpu()
+    maps_true = overlay_batch(images, relevance(model, x, true.to(device))[0])
+    maps_pred = overlay_batch(images, relevance(model, x, pred.to(device))[0])
+    captions = [
+        f"{Path(ids[r]).name[:22]}\ntrue {classes[t]}, pred {classes[p]} {rows['prob'][r]:.2f}"
+        for r, t, p in zip(picked.tolist(), true.tolist(), pred.tolist())
+    ]
+    return png_bytes(top_losses_figure(images, maps_true, maps_pred, captions))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="vit-eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--ckpt", required=True, help="checkpoint written by train.py (loaded as data, never as code)")
+    ap.add_argument("data", nargs="?", metavar="DATA", help="a folder of <class>/<image> files, or torch/<name>")
+    ap.add_argument("--split", choices=("val",), help="val: the checkpoint's own validation split, as training had it")
+    ap.add_argument("--out", required=True, metavar="DIR", help="folder for the report (created; files replaced)")
+    ap.add_argument("--data-root", default="data", help="where torch/<name> datasets are (default data; no download)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--num-workers", type=int, default=None, help="decoding workers (default as vit-predict)")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ap.add_argument("--top-losses", type=int, default=16, help="how many of the worst images to show (1-25)")
+    ap.add_argument("--raw-probs", action="store_true", help="the softmax as it was, without the fitted temperature")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if (args.data is None) == (args.split is None):
+        ap.error("give DATA (a folder or torch/<name>) or --split val, one of the two")
+    if args.batch_size < 1 or not 1 <= args.top_losses <= 25:
+        ap.error("--batch-size must be >= 1 and --top-losses within 1-25")
+    loaded = load_model_or_report(args.ckpt)
+    if loaded is None:
+        return 2
+    model, hparams = loaded
+    classes = class_names(model, hparams)
+    temperature = 1.0 if args.raw_probs else hparams.get("temperature", 1.0)
+    device = pick_device(args.device)
+    try:
+        batches, ids_of, files, title = batches_for(args, hparams, classes, device)
+        scored = score(model, progress(batches), device, temperature, worst=args.top_losses)
+    except (DataError, CheckpointError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    ids = ids_of(len(scored.targets))
+    rows = prediction_rows(scored.logits, scored.targets, temperature)
+    metrics = metrics_of(rows, classes, temperature)
+    metrics["skipped"] = [{"path": p, "error": e} for p, e in (files.errors if files else [])]
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    write_predictions(out / "predictions.csv", ids, rows, classes)
+    write_per_class(out / "per_class.csv", metrics)
+    figures = {
+        "confusion_matrix.png": png_bytes(confusion_figure(torch.tensor(metrics["confusion_matrix"]), classes)),
+        "reliability.png": png_bytes(reliability_figure(rows, metrics)),
+        "top_losses.png": top_losses(model, scored, rows, classes, hparams, device, ids),
+    }
+    for name, data in figures.items():
+        (out / name).write_bytes(data)
+    page = report_html(metrics, figures, f"{Path(args.ckpt).name} on {title}")
+    (out / "index.html").write_text(page, encoding="utf-8")
+    top1, balanced = 100 * metrics["top1"], 100 * metrics["balanced_accuracy"]
+    print(
+        f"{metrics['n']} images: top-1 {top1:.2f}%, balanced {balanced:.2f}%,"
+        f" macro F1 {metrics['f1_macro']:.4f}, ECE {metrics['ece']:.4f} (raw {metrics['ece_uncalibrated']:.4f})"
+        f"\nreport: {out / 'index.html'}"
+    )
+    return 1 if metrics["skipped"] else 0
+
+
+def progress(batches):
+    """A progress bar on stderr for sets of more than a few batches."""
+    from tqdm import tqdm
+
+    total = len(batches) if hasattr(batches, "__len__") else None
+    return tqdm(batches, desc="eval", unit="batch", file=sys.stderr, total=total, disable=(total or 0) <= 3)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
