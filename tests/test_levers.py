@@ -177,3 +177,29 @@ def test_muon_with_adamw_skips_a_flagged_step_on_the_device():
     step(0.1, flagged=False)
     assert not torch.equal(params["blocks.0.attn.qkv.weight"], before["blocks.0.attn.qkv.weight"])
     assert not torch.equal(params["head.weight"], before["head.weight"])
+
+
+def test_the_logit_adjusted_loss_adds_tau_log_prior_to_the_training_logits_only():
+    """Menon et al. (2021): the loss sees logits + tau * log(class shares); the model's own logits are unchanged."""
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+
+    from vit.data import DigitsDataModule
+
+    dm = DigitsDataModule(img_size=16)
+    counts = dm.class_counts()
+    assert counts == torch.bincount(dm.memory["train"][1], minlength=10).tolist() and sum(counts) > 1000
+    module = ViTClassifier(arch=TINY, logit_adjust_tau=2.0, label_smoothing=0.0)
+    module._trainer = SimpleNamespace(datamodule=dm, log_every_n_steps=10**9)
+    module.on_fit_start()
+    module._trainer = None
+    prior = torch.tensor(counts, dtype=torch.float32)
+    torch.testing.assert_close(module._log_prior, 2.0 * (prior / prior.sum()).log())
+    x, y = torch.randn(6, 3, 16, 16), torch.tensor([0, 1, 2, 3, 4, 5])
+    module.eval()  # no dropout: the same logits twice
+    with torch.no_grad():
+        loss = module.training_step((x, y), 0)
+        logits = module(x)
+    torch.testing.assert_close(loss, F.cross_entropy(logits + module._log_prior, y))
+    assert not torch.allclose(loss, F.cross_entropy(logits, y))

@@ -445,3 +445,19 @@ def test_when_epochs_speed_up_mid_run_the_schedule_is_stretched_over_the_time_le
     assert trainer.max_epochs > sized and 0.85 * 200 <= now[0] <= 200.0, (sized, trainer.max_epochs, now[0])
     new = trainer.lr_scheduler_configs[0].scheduler.lr_lambdas[0]
     assert new(10 * trainer.max_epochs) == pytest.approx(lam(10 * sized)) and new(25) == pytest.approx(lam(25))
+
+
+def test_a_long_tailed_folder_gets_the_logit_adjusted_loss_and_balanced_checkpoints_a_balanced_one_does_not():
+    from dataclasses import replace
+
+    balanced = fp(15_000)
+    counts = [round(4500 * 100 ** (-i / 9)) for i in range(10)]  # CIFAR-10-LT's profile at imbalance 100
+    tailed = replace(balanced, class_counts=counts, n_train=sum(counts))
+    p = plan(tailed, budget=300)
+    assert p["model.logit_adjust_tau"] == 1.0 and p["checkpoint.monitor"] == "val/acc_balanced"
+    rows = {name: why for name, _, why in make_plan(tailed, CPU2, 300, 3.0, speeds_like_2_cores).rows}
+    assert "class balance 0.01 < 0.5" in rows["long tail"]
+    same = plan(balanced, budget=300)
+    assert "model.logit_adjust_tau" not in same and "checkpoint.monitor" not in same  # today's plan, unchanged
+    nearly = replace(balanced, class_counts=[1500] * 9 + [900])  # balance 0.6: not a long tail
+    assert "model.logit_adjust_tau" not in plan(nearly, budget=300)

@@ -181,6 +181,16 @@ class ImageClassificationData(L.LightningDataModule):
             pin_memory=torch.cuda.is_available(),  # page-locked batches: the copy to the GPU does not block the host
         )
 
+    def class_counts(self) -> list[int] | None:
+        """Training images per class (the prior of the logit-adjusted loss), or None where the data cannot tell."""
+        if "train" in self.memory:
+            targets = self.memory["train"][1]
+        elif self.train_set is not None and hasattr(self.train_set, "targets"):
+            targets = torch.as_tensor(self.train_set.targets)
+        else:
+            return None
+        return torch.bincount(targets.cpu(), minlength=self.num_classes).tolist()
+
     def train_dataloader(self) -> DataLoader | DeviceBatches:
         return self._device_batches("train") if self.in_memory else self._loader(self.train_set, train=True)
 

@@ -364,6 +364,7 @@ def report_html(metrics: dict, figures: dict[str, bytes], title: str) -> str:
 ECE: 15 equal-width confidence bins.</p>
 <h2>Confusion matrix</h2>{image("confusion_matrix.png", "confusion matrix")}
 <h2>Per class</h2>{_table(["class", "precision", "recall", "F1", "support"], per_class, low)}
+<p class="note">In red: the three classes with the lowest recall.</p>
 <h2>Most confused (true &rarr; predicted)</h2>{
         _table(["true", "predicted", "images"], confused) if confused else "<p>no mistakes</p>"
     }

@@ -68,6 +68,9 @@ class ViTClassifier(L.LightningModule):
             img_size), growing by one patch per phase up to img_size when `resize_until` of the epochs are done. The
             batch is resized on the device; the position embeddings are resampled to the smaller grid.
         patch_drop_until: with `arch.patch_drop_rate`, the share of the epochs that drop patch tokens (then none).
+        logit_adjust_tau: the logit-adjusted loss for long-tailed data (Menon et al., 2021): the training loss sees
+            `logits + tau * log(prior)`, the prior being the training set's class shares, so that rare classes need a
+            larger margin; predictions use the plain logits. 0: off. The planner sets 1 on imbalanced folders.
         class_names, mean, std: linked from the DataModule by `train.py`; saved for predict.
     """
 
@@ -95,6 +98,7 @@ class ViTClassifier(L.LightningModule):
         resize_from: int = 0,
         resize_until: float = 0.5,
         patch_drop_until: float = 1.0,
+        logit_adjust_tau: float = 0.0,
         class_names: list[str] | None = None,
         mean: tuple[float, ...] = (0.5, 0.5, 0.5),
         std: tuple[float, ...] = (0.5, 0.5, 0.5),
@@ -107,6 +111,7 @@ class ViTClassifier(L.LightningModule):
             ("mixup_alpha", mixup_alpha),
             ("cutmix_alpha", cutmix_alpha),
             ("moe_aux_weight", moe_aux_weight),
+            ("logit_adjust_tau", logit_adjust_tau),
         ):
             if value < 0:
                 raise ValueError(f"{name}={value} must be >= 0")
@@ -173,6 +178,7 @@ class ViTClassifier(L.LightningModule):
         self._guard, self._guard_on_device, self._skipped = NonFiniteGuard(), False, 0
         self._grad_norm: torch.Tensor | None = None  # () of this step's gradients, set in on_before_optimizer_step
         self._frozen: list[torch.nn.Parameter] = []  # backbone parameters whose gradients a DDP step drops
+        self._log_prior: torch.Tensor | None = None  # (C,) tau * log(class shares), set in on_fit_start
 
     def configure_model(self) -> None:
         # In place, so that state-dict keys stay `model.*` (self.model = torch.compile(...) would add `_orig_mod.`).
@@ -195,12 +201,13 @@ class ViTClassifier(L.LightningModule):
         side = getattr(self, "_train_side", None)
         if side is not None and side != x.shape[-1]:  # progressive resizing: (B, C, H, W) -> (B, C, side, side)
             x = F.interpolate(x, size=(side, side), mode="bilinear", antialias=True, align_corners=False)
+        prior = self._log_prior if self._log_prior is not None else 0.0  # (C,) logit adjustment, or none
         if self.mixup is not None and len(x) % 2 == 0:  # timm's Mixup pairs images: it needs an even batch
             x, y_soft = self.mixup(x, y)
-            loss = self.soft_ce(self(x), y_soft)
+            loss = self.soft_ce(self(x) + prior, y_soft)
         else:
             logits = self(x)
-            loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+            loss = F.cross_entropy(logits + prior, y, label_smoothing=self.hparams.label_smoothing)
             # update only: one log of the epoch's accuracy in on_train_epoch_end instead of a self.log per step
             # (each costs Lightning an apply_to_collection over the metric), and no per-batch compute
             self.train_acc.update(logits.detach(), y)
@@ -318,6 +325,17 @@ class ViTClassifier(L.LightningModule):
         # `estimated_stepping_batches` (configure_optimizers) does build it: hand the position over ourselves.
         fit_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
         self._loader_state = fit_state.get("combined_loader") or None
+
+    def on_fit_start(self) -> None:
+        tau = self.hparams.get("logit_adjust_tau", 0.0)
+        if tau > 0:
+            counts = self.trainer.datamodule.class_counts() if self.trainer.datamodule is not None else None
+            if counts is None:
+                raise ValueError(
+                    "logit_adjust_tau needs the training set's class counts, which this data does not give"
+                )
+            shares = torch.tensor(counts, dtype=torch.float32).clamp(min=1)
+            self._log_prior = (tau * (shares / shares.sum()).log()).to(self.device)
 
     def on_train_start(self) -> None:
         self._guard_on_device = supports_found_inf(self.optimizers(use_pl_optimizer=False))

@@ -243,7 +243,7 @@ class ViTCLI(LightningCLI):
                 score = load_checkpoint(cb.best_model_path)["callbacks"]
                 score = next(v["best_model_score"] for k, v in score.items() if "ModelCheckpoint" in k and v["monitor"])
             print(
-                f"\nbest val/acc {float(score):.4f} {took}\ncheckpoint: {cb.best_model_path}"
+                f"\nbest {cb.monitor} {float(score):.4f} {took}\ncheckpoint: {cb.best_model_path}"
                 + (f"\nlast:       {last.best_model_path}" if last is not None else "")
             )
         elif (acc := self.trainer.callback_metrics.get("val/acc")) is not None:
