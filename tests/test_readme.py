@@ -12,6 +12,7 @@ import pytest
 
 import train
 from vit.commands import attention, export, predict, serve, streaming
+from vit.commands import eval as evaluate
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -47,6 +48,7 @@ def train_argv(words: list[str]) -> list[str] | None:
 PARSERS = {  # longest prefixes first: the first match parses
     ("vit-attention", "faithfulness"): attention.build_faithfulness_parser,
     ("vit-predict",): predict.build_parser,
+    ("vit-eval",): evaluate.build_parser,
     ("python", "predict.py"): predict.build_parser,
     ("vit-export",): export.build_parser,
     ("vit-attention",): attention.build_parser,

@@ -278,23 +278,34 @@ def reliability_figure(rows: dict[str, torch.Tensor], metrics: dict):
     return fig
 
 
-def top_losses_figure(images, maps_true, maps_pred, captions: list[str]):
+def top_losses_figure(images, maps_true, maps_pred, captions: list[str], panel: int = 96):
     """The worst images, each as three panels: the image, the relevance for its true class, for the predicted one.
-    images (K, 3, H, W) in [0, 1]; maps_*: (K, 3, H, W) overlays."""
+    images (K, 3, H, W) in [0, 1]; maps_*: (K, 3, H, W) overlays. The panels are laid out into one picture shown on
+    one axes, captions as text above each cell: a grid of 3K matplotlib axes took 1.3 s to draw for K = 16."""
     k = len(images)
     cols = 4 if k > 9 else 3
     rows = -(-k // cols)
-    fig, axes = plt.subplots(rows, 3 * cols, figsize=(3 * cols * 1.25, rows * 1.75), dpi=100, squeeze=False)
-    for ax in axes.flat:
-        ax.axis("off")
+    gap, head = 8, 30  # pixels between panels, caption band above each row of cells
+    cell_w = 3 * panel + 2 * gap // 2
+    canvas = torch.ones(3, rows * (panel + head) + gap, cols * (cell_w + 2 * gap) + gap)
+    triples = torch.stack([images, maps_true, maps_pred], dim=1).flatten(0, 1).float()  # (3K, 3, H, W)
+    triples = F.interpolate(triples, size=(panel, panel), mode="nearest").view(k, 3, 3, panel, panel)
+    origins = []
     for i in range(k):
         r, c = divmod(i, cols)
-        for j, (picture, label) in enumerate(((images[i], ""), (maps_true[i], "true"), (maps_pred[i], "pred"))):
-            ax = axes[r, 3 * c + j]
-            ax.imshow(picture.permute(1, 2, 0).numpy(), interpolation="nearest")
-            ax.set_title(captions[i] if j == 0 else f"map: {label}", fontsize=6, loc="left")
+        top, left = r * (panel + head) + head, gap + c * (cell_w + 2 * gap)
+        origins.append((top, left))
+        for j in range(3):
+            x0 = left + j * (panel + gap // 2)
+            canvas[:, top : top + panel, x0 : x0 + panel] = triples[i, j]
+    height, width = canvas.shape[1:]
+    fig = plt.figure(figsize=(width / 100, height / 100 + 0.3), dpi=100)
+    ax = fig.add_axes((0, 0, 1, height / (height + 30)))
+    ax.imshow(canvas.permute(1, 2, 0).numpy(), interpolation="nearest")
+    ax.axis("off")
+    for (top, left), caption in zip(origins, captions):
+        ax.text(left, top - 3, caption, fontsize=7, va="bottom", ha="left", family="sans-serif")
     fig.suptitle("highest losses: image, relevance for the true class, relevance for the predicted class", fontsize=9)
-    fig.tight_layout()
     return fig
 
 
