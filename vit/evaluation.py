@@ -309,6 +309,22 @@ def top_losses_figure(images, maps_true, maps_pred, captions: list[str], panel: 
     return fig
 
 
+def label_issues_figure(images, captions: list[str], source: str):
+    """The training files most likely mislabelled (label_issues.csv), with the given and the suggested class."""
+    k = len(images)
+    cols = min(8, k)
+    rows = -(-k // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * 1.6, rows * 1.9), dpi=100, squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, img, caption in zip(axes.flat, images, captions):
+        ax.imshow(img.permute(1, 2, 0).numpy(), interpolation="nearest")
+        ax.set_title(caption, fontsize=6, loc="left")
+    fig.suptitle(f"likely mislabelled training files ({Path(source).name}), most likely first", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def png_bytes(fig) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
@@ -365,6 +381,14 @@ def report_html(metrics: dict, figures: dict[str, bytes], title: str) -> str:
     ranked = sorted((r["recall"], i) for i, r in enumerate(metrics["per_class"]) if r["support"])
     low = frozenset(i for _, i in ranked[:3])
     confused = [[p["true"], p["pred"], p["count"]] for p in metrics["most_confused"]]
+    issues = ""
+    if "label_issues.png" in figures:  # the run's --find_label_issues list
+        issues = (
+            f"<h2>Label issues found in training ({metrics['label_issues']} files)</h2>"
+            + image("label_issues.png", "training files whose label looks wrong")
+            + '<p class="note">From label_issues.csv of the checkpoint\'s run: the given class had a low probability '
+            "all through training. Check these files first.</p>"
+        )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{PAGE_STYLE}</style></head>
@@ -383,5 +407,5 @@ ECE: 15 equal-width confidence bins.</p>
 <h2>Highest losses</h2>{image("top_losses.png", "the images with the highest losses and their relevance maps")}
 <p class="note">Each: the image, the relevance map for its true class and for the predicted class (Chefer et al.,
 2021). Often the worst losses are mislabelled files.</p>
-</body></html>
+{issues}</body></html>
 """

@@ -95,10 +95,10 @@ def labelled_folder(root: Path, classes: list[str]) -> tuple[list[str], list[int
     return files, targets
 
 
-def training_data(path: str, hparams: dict):
+def training_data(path: str, ckpt: dict, hparams: dict):
     """The data module a checkpoint was trained on, from its `data` record (vit.callbacks.DataRecord); only this
     toolkit's own data classes are built, whatever the file names."""
-    record = load_checkpoint(path).get("data")
+    record = ckpt.get("data")
     if not isinstance(record, dict) or not isinstance(record.get("class_path"), str):
         raise CheckpointError(f"{path}: holds no record of its training data (older than vit-eval): give a folder")
     module, _, name = record["class_path"].rpartition(".")
@@ -111,10 +111,10 @@ def training_data(path: str, hparams: dict):
     return cls(**args)
 
 
-def batches_for(args, hparams: dict, classes: list[str], device: torch.device):
+def batches_for(args, ckpt: dict, hparams: dict, classes: list[str], device: torch.device):
     """(batches, ids_of(n): the names of the n images scored, known after the pass, the FileBatches or None, title)."""
     if args.split == "val":
-        dm = training_data(args.ckpt, hparams)
+        dm = training_data(args.ckpt, ckpt, hparams)
         if getattr(dm, "samples", None):  # a folder: its validation files
             files, targets = zip(*dm.samples["val"])
             fb = FileBatches(list(files), list(targets), hparams, args.batch_size, args.num_workers, device)
@@ -151,6 +151,37 @@ def top_losses(model, scored, rows, classes, hparams, device, ids: list[str]) ->
     return png_bytes(top_losses_figure(images, maps_true, maps_pred, captions))
 
 
+def label_issue_gallery(ckpt: dict, hparams: dict, show: int = 16) -> tuple[bytes, int] | None:
+    """label_issues.png from the label_issues.csv of the checkpoint's run (`--find_label_issues true`), when that file
+    is there: the files most likely mislabelled, with their given and suggested class; and how many it lists."""
+    from vit.evaluation import label_issues_figure
+    from vit.images import read_image
+    from vit.label_issues import read_label_issues
+    from vit.predict import to_uint8
+
+    path = ckpt.get("label_issues")
+    if not isinstance(path, str) or not Path(path).is_file():
+        return None
+    rows = read_label_issues(Path(path))
+    pictures, captions = [], []
+    for r in rows:
+        if len(pictures) == show:
+            break
+        try:
+            img = to_uint8(read_image(r["path"], hparams.get("in_chans", 3)), hparams["img_size"])
+        except Exception:  # a file moved or deleted since training: shown by the others
+            continue
+        pictures.append(img.float() / 255)
+        captions.append(
+            f"{Path(r['path']).name[:22]}\ngiven {r['given']}, suggested {r['suggested']} ({float(r['score']):.2f})"
+        )
+    if not pictures:
+        return None
+    images = torch.stack(pictures)
+    images = images.expand(-1, 3, -1, -1) if images.shape[1] == 1 else images
+    return png_bytes(label_issues_figure(images, captions, path)), len(rows)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vit-eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -182,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     classes = class_names(model, hparams)
     temperature = 1.0 if args.raw_probs else hparams.get("temperature", 1.0)
     device = pick_device(args.device)
+    ckpt = load_checkpoint(args.ckpt)  # its records beside the weights: the training data, the label issues
     try:
-        batches, ids_of, files, title = batches_for(args, hparams, classes, device)
+        batches, ids_of, files, title = batches_for(args, ckpt, hparams, classes, device)
         scored = score(model, progress(batches), device, temperature, worst=args.top_losses)
     except (DataError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -203,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         "reliability.png": png_bytes(reliability_figure(rows, metrics)),
         "top_losses.png": top_losses(model, scored, rows, classes, hparams, device, ids),
     }
+    gallery = label_issue_gallery(ckpt, hparams)
+    if gallery is not None:
+        figures["label_issues.png"], metrics["label_issues"] = gallery[0], gallery[1]
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     for name, data in figures.items():
         (out / name).write_bytes(data)
     page = report_html(metrics, figures, f"{Path(args.ckpt).name} on {title}")

@@ -97,6 +97,13 @@ class ViTCLI(LightningCLI):
             help="wall time of a planned run from start to exit, e.g. 300s, 5min, 1.5h: the plan picks the model and "
             "the epochs so that the whole learning-rate schedule finishes in it",
         )
+        parser.add_argument(
+            "--find_label_issues",
+            type=bool,
+            default=False,
+            help="for a folder: write label_issues.csv beside the logs, the training files whose label looks wrong "
+            "(the run's training dynamics ranked by cleanlab; vit/label_issues.py)",
+        )
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
         parser.add_lightning_class_args(AttentionMapCallback, "attention_maps")  # on in every config
@@ -188,9 +195,23 @@ class ViTCLI(LightningCLI):
 
         for cb in self.trainer.checkpoint_callbacks:
             cb.dirpath = str(Path("checkpoints", run).resolve())
+        if config.get("find_label_issues"):
+            self._find_label_issues(logger)
         if self._plan is not None:
             self._save_plan_and_keep_budget(logger)
         self._start = time.perf_counter()
+
+    def _find_label_issues(self, logger) -> None:
+        from vit.data import ImageFolderDataModule
+        from vit.label_issues import LabelIssueFinder
+
+        if not isinstance(self.datamodule, ImageFolderDataModule):
+            sys.exit("error: --find_label_issues true needs a folder of images (--data.root PATH)")
+        folder = logger.log_dir if logger else (self.trainer.checkpoint_callbacks or [None])[0]
+        folder = getattr(folder, "dirpath", folder)
+        if folder is None:
+            sys.exit("error: --find_label_issues true needs a logger or checkpoints: where would label_issues.csv go?")
+        self.trainer.callbacks.append(LabelIssueFinder(Path(folder, "label_issues.csv").resolve()))
 
     def _save_plan_and_keep_budget(self, logger) -> None:
         plan, deadline = self._plan
