@@ -447,17 +447,20 @@ def test_when_epochs_speed_up_mid_run_the_schedule_is_stretched_over_the_time_le
     assert new(10 * trainer.max_epochs) == pytest.approx(lam(10 * sized)) and new(25) == pytest.approx(lam(25))
 
 
-def test_a_long_tailed_folder_gets_the_logit_adjusted_loss_and_balanced_checkpoints_a_balanced_one_does_not():
+def test_a_long_tailed_folder_gets_balanced_checkpoints_and_post_hoc_adjustment_a_balanced_one_does_not():
     from dataclasses import replace
 
     balanced = fp(15_000)
     counts = [round(4500 * 100 ** (-i / 9)) for i in range(10)]  # CIFAR-10-LT's profile at imbalance 100
     tailed = replace(balanced, class_counts=counts, n_train=sum(counts))
     p = plan(tailed, budget=300)
-    assert p["model.logit_adjust_tau"] == 1.0 and p["checkpoint.monitor"] == "val/acc_balanced"
+    assert p["model.posthoc_logit_adjust"] is True and p["checkpoint.monitor"] == "val/acc_balanced"
     rows = {name: why for name, _, why in make_plan(tailed, CPU2, 300, 3.0, speeds_like_2_cores).rows}
-    assert "class balance 0.01 < 0.5" in rows["long tail"]
+    assert rows["long tail"].startswith("class balance 0.01 < 0.5")
     same = plan(balanced, budget=300)
-    assert "model.logit_adjust_tau" not in same and "checkpoint.monitor" not in same  # today's plan, unchanged
+    assert "model.posthoc_logit_adjust" not in same and "checkpoint.monitor" not in same  # today's plan, unchanged
+    assert {k: v for k, v in p.items() if k not in ("model.posthoc_logit_adjust", "checkpoint.monitor")}.keys() == (
+        same.keys()
+    )
     nearly = replace(balanced, class_counts=[1500] * 9 + [900])  # balance 0.6: not a long tail
-    assert "model.logit_adjust_tau" not in plan(nearly, budget=300)
+    assert "model.posthoc_logit_adjust" not in plan(nearly, budget=300)

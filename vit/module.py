@@ -70,7 +70,10 @@ class ViTClassifier(L.LightningModule):
         patch_drop_until: with `arch.patch_drop_rate`, the share of the epochs that drop patch tokens (then none).
         logit_adjust_tau: the logit-adjusted loss for long-tailed data (Menon et al., 2021): the training loss sees
             `logits + tau * log(prior)`, the prior being the training set's class shares, so that rare classes need a
-            larger margin; predictions use the plain logits. 0: off. The planner sets 1 on imbalanced folders.
+            larger margin; predictions use the plain logits. 0: off.
+        posthoc_logit_adjust: at the end of fit, choose tau on the validation set and fold `-tau * log(prior)` into
+            the saved checkpoints' head bias (vit/logit_adjustment.py): the best balanced accuracy for a model
+            trained on a skewed prior. The planner sets it on long-tailed folders.
         class_names, mean, std: linked from the DataModule by `train.py`; saved for predict.
     """
 
@@ -99,6 +102,7 @@ class ViTClassifier(L.LightningModule):
         resize_until: float = 0.5,
         patch_drop_until: float = 1.0,
         logit_adjust_tau: float = 0.0,
+        posthoc_logit_adjust: bool = False,
         class_names: list[str] | None = None,
         mean: tuple[float, ...] = (0.5, 0.5, 0.5),
         std: tuple[float, ...] = (0.5, 0.5, 0.5),

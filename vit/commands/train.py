@@ -270,8 +270,26 @@ class ViTCLI(LightningCLI):
         elif (acc := self.trainer.callback_metrics.get("val/acc")) is not None:
             print(f"\nval/acc {float(acc):.4f} (last epoch) {took}; no checkpoint written")
         saved = [c.best_model_path for c in (cb, last) if c is not None and c.best_model_path]
+        if saved and self.model.hparams.get("posthoc_logit_adjust"):
+            self._adjust_logits(saved)
         if saved:
             self._calibrate(saved)
+
+    def _adjust_logits(self, paths: list[str]) -> None:
+        """Post-hoc logit adjustment of the best and the last checkpoint (vit/logit_adjustment.py), before the
+        temperature is fitted on the adjusted logits."""
+        from vit.logit_adjustment import adjust_checkpoints
+
+        dm = self.datamodule
+        counts = dm.class_counts()
+        if counts is None:
+            return
+        reports = adjust_checkpoints(paths, whole_val_batches(dm), counts, self.trainer.strategy.root_device)
+        best = reports[paths[0]]
+        print(
+            f"logit adjustment: tau {best['tau']:g}, balanced accuracy {best['balanced_accuracy_before']:.4f} -> "
+            f"{best['balanced_accuracy']:.4f} on the validation set it was chosen on (folded into the head's bias)"
+        )
 
     def _calibrate(self, paths: list[str]) -> None:
         """A temperature for the best and the last checkpoint, fitted on the validation set (vit/calibration.py);
