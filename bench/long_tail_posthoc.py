@@ -1,6 +1,8 @@
 """Post-hoc logit adjustment (Menon et al., 2021) of plainly trained checkpoints of a long-tailed folder: balanced
 accuracy on the checkpoint's own (balanced) validation split with `logits - tau * log(prior)`, the prior being the
-training folder's class shares, for a few tau. No training: one forward over the validation files per checkpoint.
+training folder's class shares, tau chosen on one half of the split and measured on the other (both ways). No
+training: one forward over the validation files per checkpoint. For checkpoints of plain runs
+(`--model.posthoc_logit_adjust false`): what the long-tail plan adds to them.
 
     python bench/long_tail_posthoc.py checkpoints/fmnist_lt100_plain/version_*/best-*.ckpt
 """
@@ -15,16 +17,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from vit.checkpoint import load_checkpoint, load_model  # noqa: E402
 from vit.commands.eval import FileBatches, training_data  # noqa: E402
 from vit.evaluation import score  # noqa: E402
-
-TAUS = (0.0, 0.5, 1.0, 1.5)
-
-
-def balanced_accuracy(pred: torch.Tensor, true: torch.Tensor, num_classes: int) -> float:
-    recall = [(pred[true == c] == c).double().mean() for c in range(num_classes) if (true == c).any()]
-    return float(torch.stack(recall).mean())
+from vit.logit_adjustment import balanced_accuracy, fit_tau, log_prior  # noqa: E402
 
 
 def main(paths: list[str]) -> None:
+    """Per checkpoint: the validation split in two seeded halves; tau chosen on one, balanced accuracy measured on
+    the other, both ways: plain -> adjusted."""
     for path in paths:
         model, hparams = load_model(path)
         dm = training_data(path, load_checkpoint(path), hparams)
@@ -32,12 +30,17 @@ def main(paths: list[str]) -> None:
         files, targets = zip(*dm.samples["val"])
         batches = FileBatches(list(files), list(targets), hparams, 256, None, torch.device("cpu"))
         scored = score(model, batches, torch.device("cpu"))
-        log_prior = (counts.double() / counts.sum()).log().float()
+        logits, y, prior = scored.logits, scored.targets, log_prior(counts.tolist())
+        perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+        halves = perm[: len(perm) // 2], perm[len(perm) // 2 :]
         cells = []
-        for tau in TAUS:
-            pred = (scored.logits - tau * log_prior).argmax(-1)
-            cells.append(f"tau {tau:g}: {balanced_accuracy(pred, scored.targets, dm.num_classes):.4f}")
-        print(f"{path}: " + ", ".join(cells))
+        for fit, held in (halves, halves[::-1]):
+            tau, _ = fit_tau(logits[fit], y[fit], prior)
+            plain = balanced_accuracy(logits[held].argmax(-1), y[held], dm.num_classes)
+            adjusted = balanced_accuracy((logits[held] - tau * prior).argmax(-1), y[held], dm.num_classes)
+            cells.append(f"tau {tau:g}: {plain:.4f} -> {adjusted:.4f}")
+        whole = balanced_accuracy(logits.argmax(-1), y, dm.num_classes)
+        print(f"{path}: balanced accuracy {whole:.4f} (whole val); held-out halves: " + "; ".join(cells))
 
 
 if __name__ == "__main__":
