@@ -326,3 +326,39 @@ def test_ema_weights_are_validated_and_saved(in_tmp):
     torch.testing.assert_close(model.head.weight, ema[key])  # what the commands load: the average
     with pytest.raises(SystemExit, match="ema_decay=1.0 must be in"):
         train.main(["fit", "--config", SMOKE, "--model.ema_decay", "1.0"])
+
+
+def test_a_fixed_recipe_prints_its_estimated_wall_time_before_the_first_epoch_ends(smoke_run):
+    """The smoke run (2 epochs of 4 steps): one line with the whole run's estimate, before the first validation."""
+    from vit.callbacks import RunEstimate
+
+    estimate = next(cb for cb in smoke_run.cli.trainer.callbacks if isinstance(cb, RunEstimate))
+    assert estimate.estimate_s is not None and 0 < estimate.estimate_s < 600
+
+
+def test_the_estimate_line_names_epochs_time_and_a_way_out(in_tmp, capsys):
+    from conftest import SMOKE, fit_in
+
+    fit_in(in_tmp, ["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false", "--trainer.max_epochs", "1",
+                    "--trainer.logger", "false"])  # fmt: skip
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("this recipe: "))
+    assert line.startswith("this recipe: 1 epochs of 4 steps, about ") and "on this machine (cpu, " in line
+
+
+def test_the_way_out_is_offered_past_an_hour():
+    from types import SimpleNamespace
+
+    from vit.callbacks import RunEstimate
+
+    trainer = SimpleNamespace(num_training_batches=390, num_val_batches=[40], max_epochs=200, is_global_zero=True)
+    module = SimpleNamespace(device=torch.device("cpu"))
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        RunEstimate()._report(trainer, module, 2.1)
+    line = buffer.getvalue().strip()
+    assert line.startswith("this recipe: 200 epochs of 390 steps, about 56.2 h")  # 390 * 2.1 * 1.2 + 40 * 0.7 an epoch
+    assert line.endswith("--trainer.max_epochs 3 fits in about an hour")

@@ -30,7 +30,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from vit.callbacks import AttentionMapCallback, DataRecord, plain_data_config
+from vit.callbacks import AttentionMapCallback, DataRecord, RunEstimate, plain_data_config
 from vit.checkpoint import CheckpointError, load_checkpoint
 from vit.checkpoint_io import AtomicCheckpointIO
 from vit.data import DataError, ImageClassificationData, default_memory_budget_gb, whole_val_batches
@@ -199,6 +199,8 @@ class ViTCLI(LightningCLI):
             self._find_label_issues(logger)
         if self._plan is not None:
             self._save_plan_and_keep_budget(logger)
+        else:  # a fixed recipe: say early how long it will take here
+            self.trainer.callbacks.append(RunEstimate())
         self._start = time.perf_counter()
 
     def _find_label_issues(self, logger) -> None:
