@@ -17,7 +17,7 @@ RESUME ?=
 train: .venv/.installed
 	$(PY) train.py fit --config $(CONFIG) $(if $(RESUME),--ckpt_path last) $(ARGS)
 
-# Two workers (one torch thread each): 7 min (424 s, 2026-12-02) on a 2-core AMD EPYC; `pytest -x -q tests/test_x.py` for one file
+# Two workers (one torch thread each): 332-424 s (2026-12-02) on a 2-core AMD EPYC; `pytest -x -q tests/test_x.py` for one file
 test: .venv/.installed
 	$(PY) -m pytest -n 2
 
