@@ -218,9 +218,11 @@ class RunEstimate(L.Callback):
         return time.perf_counter()
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        n = trainer.num_training_batches  # a short epoch (limit_train_batches) times what it has
-        self._timed = max(1, min(self.timed, n - self.skip)) if n != float("inf") else self.timed
-        self._skip = max(0, min(self.skip, int(min(n, 1e9)) - self._timed))
+        n = trainer.num_training_batches  # inf for an iterable without a length
+        n = self.skip + self.timed if n == float("inf") else int(n)
+        # a short epoch (limit_train_batches) times what it has: at least one step, skipping fewer first
+        self._timed = max(1, min(self.timed, n - self.skip))
+        self._skip = max(0, min(self.skip, n - self._timed))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if trainer.current_epoch == 0 and self.estimate_s is None and batch_idx == self._skip:
