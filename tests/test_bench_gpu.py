@@ -21,7 +21,10 @@ def test_the_cpu_parts_write_every_row(tmp_path):
     assert kernel["kernel"] != "unknown" and kernel["ops"], kernel  # observed on the real Attention's forward
     measured = [r for r in rows if r["case"] == "throughput" and "img_s" in r]
     assert {r["precision"] for r in measured} == {"fp32", "bf16"}
-    assert all(r["img_s"] > 0 and 0 < r["mfu"] < 1.5 for r in measured), measured
+    assert all(r["img_s"] > 0 and r["mfu"] > 0 for r in measured), measured
+    # fp32's measured matmul rate is a ceiling on any CPU; bf16's is not where the CPU has no bf16 instructions (AVX2
+    # only: a 1024x1024 bf16 matmul takes a slow fallback that the tiny model's small ones avoid, mfu measured 1.51)
+    assert all(r["mfu"] < 1.5 for r in measured if r["precision"] == "fp32"), measured
 
 
 def test_rows_reach_the_file_before_the_run_ends(tmp_path):
