@@ -34,6 +34,16 @@ def test_cleanlab_ranks_the_flipped_labels_first():
     assert score.tolist() == sorted(score.tolist())  # most likely wrong (lowest self-confidence) first
 
 
+def test_every_file_whose_averaged_prediction_is_another_class_is_listed_and_no_other():
+    """The list's length: cleanlab's "predicted_neq_given". Its default estimate ("prune_by_noise_rate") listed fewer
+    files than were moved on in-training probabilities (docs/evaluation.md), and would list a subset here."""
+    g = torch.Generator().manual_seed(1)
+    probs = torch.rand(500, 5, generator=g).pow(3).softmax(-1)
+    labels = torch.randint(0, 5, (500,), generator=g)
+    index, _ = rank_label_issues(labels, probs)
+    assert set(index.tolist()) == set(torch.nonzero(probs.argmax(-1) != labels).flatten().tolist())
+
+
 @pytest.fixture(scope="module")
 def noisy_folder(tmp_path_factory) -> tuple[Path, set[str]]:
     """Digits as train/val class folders, 10 training files moved to a wrong class folder."""
