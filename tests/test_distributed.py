@@ -1,4 +1,5 @@
-"""Data-parallel training through Lightning's own DDP (ddp_spawn, gloo, 2 CPU processes)."""
+"""Data-parallel training through Lightning's own DDP (gloo, 2 CPU processes): ddp_fork in this process (a spawned
+process re-imports torch, ~10 s each on a 2-core CPU), ddp_spawn where the command line is tested."""
 
 import lightning as L
 import pytest
@@ -13,7 +14,7 @@ MODEL = dict(arch=dict(patch_size=8, embed_dim=32, depth=2, num_heads=2), warmup
 def _fit(devices: int, batch_size: int, tmp_path):
     L.seed_everything(0)
     module = ViTClassifier(**MODEL)
-    extra = {"strategy": "ddp_spawn"} if devices > 1 else {}
+    extra = {"strategy": "ddp_fork"} if devices > 1 else {}
     trainer = L.Trainer(
         accelerator="cpu",
         devices=devices,
@@ -65,14 +66,16 @@ def test_every_rank_gets_the_same_batches_for_any_size_world_and_batch(train):
 
 def test_validation_over_two_ranks_equals_one_process_padding_never_counted(tmp_path):
     """361 validation digits, eval batch 50, 2 ranks: rank 1's share is padded by one image, which must not count."""
-    L.seed_everything(0)
-    module = ViTClassifier(**MODEL)
     results = {}
     for devices in (1, 2):
+        # the same weights both times, each in a module of its own: forked ranks inherit the parent's objects, and an
+        # already validated module's metric states are inference tensors
+        L.seed_everything(0)
+        module = ViTClassifier(**MODEL)
         trainer = L.Trainer(
             accelerator="cpu",
             devices=devices,
-            strategy="ddp_spawn" if devices > 1 else "auto",
+            strategy="ddp_fork" if devices > 1 else "auto",
             logger=False,
             enable_progress_bar=False,
             enable_model_summary=False,
@@ -151,7 +154,7 @@ def test_freeze_backbone_under_ddp_trains_the_head_then_everything(tmp_path):
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
-        strategy="ddp_spawn",
+        strategy="ddp_fork",
         max_epochs=2,
         limit_train_batches=2,
         limit_val_batches=0,

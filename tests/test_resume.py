@@ -17,6 +17,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import train
 from vit.checkpoint import load_checkpoint
 
+# one worker runs this file under `make test` (--dist loadgroup): its module fixture is built once, not per worker
+pytestmark = pytest.mark.xdist_group("resume")
+
 ROOT = Path(__file__).parent.parent
 ARGS = [
     "fit",

@@ -26,6 +26,9 @@ from PIL import Image
 
 from vit.commands.predict import main as predict_main
 
+# one worker runs this file under `make test` (--dist loadgroup): its module fixture is built once, not per worker
+pytestmark = pytest.mark.xdist_group("serve")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -60,7 +60,7 @@ def test_each_image_once_per_epoch_across_two_ddp_ranks(tmp_path):
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
-        strategy="ddp_spawn",
+        strategy="ddp_fork",
         max_epochs=1,
         logger=False,
         enable_checkpointing=False,
