@@ -346,6 +346,25 @@ def test_the_estimate_line_names_epochs_time_and_a_way_out(in_tmp, capsys):
     assert line.startswith("this recipe: 1 epochs of 4 steps, about ") and "on this machine (cpu, " in line
 
 
+@pytest.mark.parametrize("bf16_speed", [10.0, 300.0])
+def test_bf16_on_a_cpu_where_it_measures_slower_is_said_before_training_and_in_the_estimate(
+    bf16_speed, in_tmp, capsys, monkeypatch
+):
+    from conftest import SMOKE, fit_in
+
+    speeds = {"32-true": 100.0, "bf16-mixed": bf16_speed}  # images/s of the timed steps at batch 2
+    monkeypatch.setattr("vit.plan.calibrate", lambda archs, batch, device, precision, **kw: [speeds[precision]])
+    fit_in(in_tmp, ["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false", "--trainer.max_epochs", "1",
+                    "--trainer.logger", "false", "--trainer.precision", "bf16-mixed"])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    note = "bf16-mixed measured 10.0x slower than fp32 on this CPU: --trainer.precision 32-true"
+    estimate = next(x for x in lines if x.startswith("this recipe: "))
+    if bf16_speed < 100:
+        assert note in lines and lines.index(note) < lines.index(estimate) and estimate.endswith("; " + note)
+    else:  # faster in bf16: nothing said
+        assert not any("slower than fp32" in x for x in lines)
+
+
 def test_the_way_out_is_offered_past_an_hour():
     from types import SimpleNamespace
 

@@ -204,10 +204,31 @@ class RunEstimate(L.Callback):
     a few timed training steps (the first `skip` left out: allocation, lazy initialisation), and how many epochs
     would fit in an hour. Two clock reads in the whole run (each a device synchronisation on a GPU); nothing after."""
 
-    def __init__(self, skip: int = 2, timed: int = 5):
+    def __init__(self, skip: int = 2, timed: int = 5, speed_fn=None):
         self.skip, self.timed = skip, timed
         self._t0: float | None = None
         self.estimate_s: float | None = None  # the whole run's estimated seconds, once printed
+        self.bf16_slowdown: float | None = None  # fp32's speed over bf16's, measured when a CPU run asks for bf16
+        self._speed_fn = speed_fn  # (archs, batch, precision) -> images/s; default vit.plan.calibrate (tests: fakes)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        """bf16-mixed on a CPU: a few steps of the model at batch 2 in fp32 and in bf16 first. CPUs without bf16
+        instructions (AVX2 only) run bf16 ~12x slower (docs/performance.md); say so before the first real step, which
+        would otherwise be the first sign. GPUs are not checked: bf16 is their fast path."""
+        if pl_module.device.type != "cpu" or "bf16" not in str(trainer.precision):
+            return
+        from vit.plan import BF16_GAIN, calibrate
+
+        speed = self._speed_fn or (lambda archs, batch, p: calibrate(archs, batch, "cpu", p, steps=2, warmup=1))
+        cfg = pl_module.model.cfg
+        fp32, bf16 = (speed([cfg], 2, precision)[0] for precision in ("32-true", "bf16-mixed"))
+        if fp32 > BF16_GAIN * bf16:
+            self.bf16_slowdown = fp32 / bf16
+            if trainer.is_global_zero:
+                print(f"bf16-mixed {self._bf16_note()}", flush=True)
+
+    def _bf16_note(self) -> str:
+        return f"measured {self.bf16_slowdown:.1f}x slower than fp32 on this CPU: --trainer.precision 32-true"
 
     @staticmethod
     def _now(pl_module) -> float:
@@ -252,6 +273,8 @@ class RunEstimate(L.Callback):
         if self.estimate_s > 3600:
             fit = max(1, int(3600 // epoch_s))
             line += f"; --trainer.max_epochs {fit} fits in about an hour"
+        if self.bf16_slowdown:
+            line += f"; bf16-mixed {self._bf16_note()}"
         if trainer.is_global_zero:
             print(line, flush=True)
 
