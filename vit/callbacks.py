@@ -204,12 +204,11 @@ class RunEstimate(L.Callback):
     a few timed training steps (the first `skip` left out: allocation, lazy initialisation), and how many epochs
     would fit in an hour. Two clock reads in the whole run (each a device synchronisation on a GPU); nothing after."""
 
-    def __init__(self, skip: int = 2, timed: int = 5, speed_fn=None):
+    def __init__(self, skip: int = 2, timed: int = 5):
         self.skip, self.timed = skip, timed
         self._t0: float | None = None
         self.estimate_s: float | None = None  # the whole run's estimated seconds, once printed
         self.bf16_slowdown: float | None = None  # fp32's speed over bf16's, measured when a CPU run asks for bf16
-        self._speed_fn = speed_fn  # (archs, batch, precision) -> images/s; default vit.plan.calibrate (tests: fakes)
 
     def on_train_start(self, trainer, pl_module) -> None:
         """bf16-mixed on a CPU: a few steps of the model at batch 2 in fp32 and in bf16 first. CPUs without bf16
@@ -219,9 +218,8 @@ class RunEstimate(L.Callback):
             return
         from vit.plan import BF16_GAIN, calibrate
 
-        speed = self._speed_fn or (lambda archs, batch, p: calibrate(archs, batch, "cpu", p, steps=2, warmup=1))
         cfg = pl_module.model.cfg
-        fp32, bf16 = (speed([cfg], 2, precision)[0] for precision in ("32-true", "bf16-mixed"))
+        fp32, bf16 = (calibrate([cfg], 2, "cpu", p, steps=2, warmup=1)[0] for p in ("32-true", "bf16-mixed"))
         if fp32 > BF16_GAIN * bf16:
             self.bf16_slowdown = fp32 / bf16
             if trainer.is_global_zero:
