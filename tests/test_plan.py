@@ -232,6 +232,17 @@ def test_explicit_keys_come_from_flags_and_config_files(tmp_path):
     assert is_explicit("model.arch.embed_dim", {"model.arch"})  # a whole dict given at once
 
 
+def test_a_shipped_recipe_is_planned_over_and_your_copy_of_it_wins(tmp_path):
+    """`python train.py --budget 30min` reads configs/cifar10.yaml for its data: its recipe fields are the plan's to
+    replace. The same file copied into your project is your choice, and a variant added on top stays yours."""
+    shipped = Path(train.__file__).resolve().parent / "configs" / "cifar10.yaml"
+    assert explicit_keys([], [shipped]) == set()
+    (tmp_path / "cifar10.yaml").write_text(shipped.read_text())
+    assert "trainer.max_epochs" in explicit_keys([], [tmp_path / "cifar10.yaml"])
+    variant = shipped.parent / "variants" / "gqa.yaml"
+    assert "model.arch.num_kv_heads" in explicit_keys([], [shipped, variant])
+
+
 @pytest.fixture(scope="module")
 def digits_folder(tmp_path_factory):
     return write_digits_folder(tmp_path_factory.mktemp("digits"), limit=400, val_size=80)
@@ -266,7 +277,9 @@ def test_a_folder_run_plans_yours_win_and_plan_yaml_repeats_it(digits_folder, in
 
 
 def test_budget_on_a_fixed_recipe_or_a_bad_budget_is_one_line(in_tmp, digits_folder):
-    with pytest.raises(SystemExit, match=r"error: --budget and plan: true plan a recipe for a folder of images"):
+    with pytest.raises(
+        SystemExit, match=r"error: --budget and plan: true plan a folder .*; not vit.data.DigitsDataModule"
+    ):
         train.main(["fit", "--config", "configs/digits.yaml", "--budget", "1min"])
     with pytest.raises(SystemExit, match=r"error: budget='soon': expected a duration such as 300s, 5min or 1.5h"):
         train.main(["fit", "--data.root", str(digits_folder), "--budget", "soon"])
@@ -373,6 +386,37 @@ def test_the_token_grid_takes_the_images_own_size_when_it_divides_it():
     assert resolution(28) == (28, 7) and resolution(24) == (24, 6) and resolution(20) == (20, 5)
     assert resolution(30) == (32, 8) and resolution(27) == (32, 8) and resolution(10) == (16, 4)  # listed sides
     assert resolution(28, "cuda") == (32, 4) and resolution(64, "cuda") == (64, 8)
+
+
+def speeds_by_tokens(archs, batch, precision="32-true"):
+    """speeds_like_2_cores at 16 tokens, and a step's cost growing with the tokens (64 tokens: 4x slower)."""
+    return [s * 16 / (a.img_size // a.patch_size) ** 2 for s, a in zip(speeds_like_2_cores(archs, batch), archs)]
+
+
+@pytest.mark.parametrize("budget, grid", [(300, (32, 8)), (900, (32, 8)), (8 * 3600, (64, 8))])
+def test_64_px_images_get_16_tokens_in_a_short_budget_and_their_own_64_when_the_whole_recipe_fits(budget, grid):
+    """MNIST-sized folders of 64-px images: the 8x8 grid at 64 px only when the tier's largest model trains its
+    wanted epochs in the budget at 64 tokens; otherwise 32 px with patch 8 (16 tokens, four times the epochs)."""
+    p = plan(fp(8000, side=64), budget=budget, speed=speeds_by_tokens)
+    assert (p["data.init_args.img_size"], p["model.arch.patch_size"]) == grid
+
+
+@pytest.mark.parametrize("n, budget", [(8000, 300), (50_000, 900), (1437, 180)])
+def test_the_measured_28_px_and_digit_plans_keep_their_16_tokens(n, budget):
+    """The tiers measured at 28 px (MNIST 5 min, Fashion-MNIST 15 min) and the digits folder (24 px, 3 min) plan
+    exactly as before the budget chose the tokens: the fewer-token grid, the same model and epochs."""
+    side = 24 if n == 1437 else 28
+    by_tokens = make_plan(fp(n, side=side), CPU2, budget_s=budget, elapsed_s=3.0, speed_fn=speeds_by_tokens)
+    assert (by_tokens.overrides["data.init_args.img_size"], by_tokens.overrides["model.arch.patch_size"]) == (
+        side,
+        side // 4,
+    )
+    assert any(row[0] == "img_size, patch" and "16 tokens: 64 tokens would give" in row[2] for row in by_tokens.rows)
+
+
+def test_without_a_budget_the_token_grid_is_the_fixed_rule():
+    assert plan(fp(8000, side=64), speed=speeds_by_tokens)["model.arch.patch_size"] == 8  # 64 px, 8x8 grid
+    assert plan(fp(8000, side=64), speed=speeds_by_tokens)["data.init_args.img_size"] == 64
 
 
 def test_a_large_folder_in_a_short_budget_gets_epochs_before_width_and_light_augmentation():

@@ -26,7 +26,7 @@ from PIL import Image
 
 from vit.commands.predict import main as predict_main
 
-# one worker runs this file under `make test` (--dist loadgroup): its module fixture is built once, not per worker
+# one worker runs this file under `make test` (--dist loadgroup): its server is started once, not per worker
 pytestmark = pytest.mark.xdist_group("serve")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,11 +142,27 @@ def images(tmp_path_factory) -> list[Path]:
     return files
 
 
-@pytest.fixture(scope="module")
-def server(smoke_ckpt):
-    proc, url = start_server(smoke_ckpt, "--max-batch-size", "16", "--batch-timeout", "0.05", "--max-body-mb", "2")
-    yield url
-    stop_server(proc)
+# The shared server's flags: batching for the concurrency test; the pixel limit raised so that the big-decode test
+# decodes its 6,000 x 6,000 uploads instead of refusing them.
+SERVER_FLAGS = ("--max-batch-size", "16", "--batch-timeout", "0.05", "--max-body-mb", "2", "--max-pixels", "40000000")
+
+
+@pytest.fixture(scope="session")
+def served(smoke_ckpt):
+    """One vit-serve for every test that talks to one (a start imports torch in three processes: ~9 s), kept for the
+    session: a module scope was set up twice when the worker ran other files' tests in between. `served["proc"]`
+    is the running server; a test that stops it (SIGTERM) leaves None, and the next test gets a new one."""
+    held = {"proc": None, "url": None}
+    yield held
+    if held["proc"] is not None:
+        stop_server(held["proc"])
+
+
+@pytest.fixture
+def server(served, smoke_ckpt) -> str:
+    if served["proc"] is None or served["proc"].poll() is not None:
+        served["proc"], served["url"] = start_server(smoke_ckpt, *SERVER_FLAGS)
+    return served["url"]
 
 
 def test_served_top_k_equals_vit_predicts(server, smoke_ckpt, images, capsys):
@@ -361,15 +377,16 @@ def _rss_mb(pids: list[int]) -> float:
     return total / 1024
 
 
-def test_big_decodes_stay_bounded_and_sigterm_stops_every_process(smoke_ckpt):
+def test_big_decodes_stay_bounded_and_sigterm_stops_every_process(server, served):
     """24 concurrent uploads of a 36-KB PNG that decodes to 6,000 x 6,000 (the limit raised so that they are decoded):
     every one is answered, the server lives, its processes' memory stays bounded (decodes wait for one of the cores
     instead of all running at once). Then SIGTERM to vit-serve alone, as a service manager sends it: every process it
-    started ends within seconds and the port is free again."""
+    started ends within seconds and the port is free again. (The shared server: a later test starts a new one.)"""
     import signal
     import threading
 
-    proc, url = start_server(smoke_ckpt, "--max-pixels", "40000000")
+    proc, url = served["proc"], server
+    served["proc"] = None  # this test ends it
     try:
         big = _encoded(Image.new("L", (6000, 6000), 128), "PNG")
         assert len(big) < 120_000

@@ -269,6 +269,11 @@ class RunEstimate(L.Callback):
             f"machine ({where}; {step_s:.2f} s a step)"
         )
         if self.estimate_s > 3600:
+            from vit.sources import PLANNED
+
+            dm = getattr(trainer, "datamodule", None)
+            if dm is not None and f"{type(dm).__module__}.{type(dm).__name__}" in PLANNED:
+                line += "; --budget 1h plans a run that fits"  # the planner reads this data source (vit/sources.py)
             fit = max(1, int(3600 // epoch_s))
             line += f"; --trainer.max_epochs {fit} fits in about an hour"
         if self.bf16_slowdown:

@@ -71,11 +71,13 @@ def train_transform(
     random_resized_crop: bool = False,
     autoaugment_policy: v2.AutoAugmentPolicy = v2.AutoAugmentPolicy.IMAGENET,
     random_erasing: float = 0.0,
+    crop_scale: tuple[float, float] = (0.35, 1.0),
 ) -> v2.Compose:
     """Training augmentation for a PIL image or a uint8 (C, H, W) tensor -> normalised float tensor. The reference
-    that the batched in-memory path (vit.device_data, vit.augment) reproduces, drawing per image."""
+    that the batched in-memory path (vit.device_data, vit.augment) reproduces, drawing per image.
+    `random_resized_crop`: RandomResizedCrop of `crop_scale` of the area instead of the padded crop."""
     if random_resized_crop:
-        ops = [v2.RandomResizedCrop(img_size, scale=(0.35, 1.0), antialias=True)]
+        ops = [v2.RandomResizedCrop(img_size, scale=tuple(crop_scale), antialias=True)]
     else:
         ops = [v2.RandomCrop(img_size, padding=crop_padding)] if crop_padding else []
     if hflip:
@@ -84,6 +86,15 @@ def train_transform(
         ops.append(augment_policy(auto_augment, autoaugment_policy))
     tail = [v2.RandomErasing(random_erasing, value=0)] if random_erasing > 0 else []
     return v2.Compose([*ops, v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std), *tail])
+
+
+def check_crop_scale(crop_scale) -> tuple[float, float] | None:
+    """None, or RandomResizedCrop's (min, max) share of the area: one line naming the value when it is not one."""
+    if crop_scale is None:
+        return None
+    if len(crop_scale) != 2 or not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
+        raise ValueError(f"crop_scale={tuple(crop_scale)} must satisfy 0 < min <= max <= 1")
+    return (float(crop_scale[0]), float(crop_scale[1]))
 
 
 def batch_policy(name: AutoAugment, autoaugment_policy: str = "imagenet") -> BatchAutoAugment | None:
@@ -261,9 +272,37 @@ class DigitsDataModule(ImageClassificationData):
         self.crop_padding = crop_padding
 
 
+def open_cifar(dataset: str, root: str, train: bool, transform=None, download: bool = True) -> datasets.CIFAR10:
+    """One split of CIFAR-10/100 from `root`, or a DataError that names the missing or unreadable file."""
+    cls = datasets.CIFAR10 if dataset == "cifar10" else datasets.CIFAR100
+    try:
+        ds = cls(root, train=train, transform=transform, download=download)
+    except (KeyError, ValueError, TypeError, AttributeError, EOFError, pickle.UnpicklingError) as e:
+        # the files are there (their checksums passed) but not in the layout torchvision reads: name the file
+        folder = Path(root, cls.base_folder)
+        cifar10 = dataset == "cifar10"
+        labels, names = ("labels", "label_names") if cifar10 else ("fine_labels", "fine_label_names")
+        batches = [n for n, _ in cls.train_list + cls.test_list]
+        problem = cifar_problem(folder, batches, cls.meta["filename"], labels, names)
+        raise DataError(problem or f"{folder}: not readable as {dataset} ({type(e).__name__}: {e})") from None
+    except (OSError, RuntimeError) as e:  # URLError is an OSError; torchvision raises RuntimeError if absent
+        reason = getattr(e, "reason", None) or str(e).splitlines()[0]
+        raise DataError(
+            f"{dataset} not found in {root}/ and not downloadable ({reason}): put "
+            f"{cls.filename} (from {cls.url.rsplit('/', 1)[0]}/) in {root}/ and run again; "
+            "`make train` runs the offline digits demo"
+        ) from None
+    if ds.classes != list(CIFAR10_CLASSES if dataset == "cifar10" else CIFAR100_CLASSES):
+        raise DataError(
+            f"{root}/{cls.base_folder}/{cls.meta['filename']}: class names {ds.classes[:3]}... differ from {dataset}'s"
+        )
+    return ds
+
+
 class CIFARDataModule(ImageClassificationData):
     """CIFAR-10 or CIFAR-100 through torchvision, in `root` (downloaded there when the network allows). The official
-    test set serves as validation."""
+    test set serves as validation. Training crops are padded crops (`crop_padding`), or with `crop_scale`
+    RandomResizedCrop of that share of the area (what a planned recipe sets)."""
 
     def __init__(
         self,
@@ -279,8 +318,10 @@ class CIFARDataModule(ImageClassificationData):
         in_memory: bool = True,
         img_size: int = 32,
         eval_batch_size: int | None = None,
+        crop_scale: tuple[float, float] | None = None,
     ):
         super().__init__(batch_size, num_workers, in_memory, eval_batch_size)
+        crop_scale = check_crop_scale(crop_scale)
         if not 0.0 <= random_erasing <= 1.0:
             raise ValueError(f"random_erasing={random_erasing} must be a probability in [0, 1]")
         if img_size < 1:
@@ -301,11 +342,14 @@ class CIFARDataModule(ImageClassificationData):
             auto_augment,
             autoaugment_policy=v2.AutoAugmentPolicy.CIFAR10,
             random_erasing=random_erasing,
+            random_resized_crop=crop_scale is not None,
+            crop_scale=crop_scale or (0.35, 1.0),
         )
         if img_size != 32:
             self.train_tf = v2.Compose([self.train_tf, v2.Resize(img_size, antialias=True)])
         self.eval_tf = eval_transform(img_size, self.mean, self.std)
         self.crop_padding, self.hflip, self.erasing = crop_padding, hflip, random_erasing
+        self.rrc_scale = crop_scale  # set: RandomResizedCrop instead of the padded crop (a planned recipe's)
         self.auto_augment = batch_policy(auto_augment, "cifar10")
         # Find (or fetch) the files now, before a Trainer is built: a missing dataset is the run's first line. Under
         # a multi-process launch only local rank 0 fetches; the others wait in prepare_data's barrier.
@@ -313,30 +357,7 @@ class CIFARDataModule(ImageClassificationData):
             self.prepare_data()
 
     def _open(self, train: bool, transform) -> datasets.CIFAR10:
-        cls = datasets.CIFAR10 if self.dataset == "cifar10" else datasets.CIFAR100
-        try:
-            ds = cls(self.root, train=train, transform=transform, download=self.download)
-        except (KeyError, ValueError, TypeError, AttributeError, EOFError, pickle.UnpicklingError) as e:
-            # the files are there (their checksums passed) but not in the layout torchvision reads: name the file
-            folder = Path(self.root, cls.base_folder)
-            cifar10 = self.dataset == "cifar10"
-            labels, names = ("labels", "label_names") if cifar10 else ("fine_labels", "fine_label_names")
-            batches = [n for n, _ in cls.train_list + cls.test_list]
-            problem = cifar_problem(folder, batches, cls.meta["filename"], labels, names)
-            raise DataError(problem or f"{folder}: not readable as {self.dataset} ({type(e).__name__}: {e})") from None
-        except (OSError, RuntimeError) as e:  # URLError is an OSError; torchvision raises RuntimeError if absent
-            reason = getattr(e, "reason", None) or str(e).splitlines()[0]
-            raise DataError(
-                f"{self.dataset} not found in {self.root}/ and not downloadable ({reason}): put "
-                f"{cls.filename} (from {cls.url.rsplit('/', 1)[0]}/) in {self.root}/ and run again; "
-                "`make train` runs the offline digits demo"
-            ) from None
-        if ds.classes != self.class_names:
-            raise DataError(
-                f"{self.root}/{cls.base_folder}/{cls.meta['filename']}: class names {ds.classes[:3]}... "
-                f"differ from {self.dataset}'s"
-            )
-        return ds
+        return open_cifar(self.dataset, self.root, train, transform, self.download)
 
     def prepare_data(self) -> None:
         if not getattr(self, "_found", False):  # once: the constructor already looked on local rank 0
@@ -449,8 +470,7 @@ class ImageFolderDataModule(ImageClassificationData):
         self.check_images, self.strict = check_images, strict
         if not 0.0 <= random_erasing <= 1.0:
             raise ValueError(f"random_erasing={random_erasing} must be a probability in [0, 1]")
-        if not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
-            raise ValueError(f"crop_scale={tuple(crop_scale)} must satisfy 0 < min <= max <= 1")
+        crop_scale = check_crop_scale(crop_scale)
         if max_memory_gb is not None and max_memory_gb < 0:
             raise ValueError(f"max_memory_gb={max_memory_gb} must be >= 0")
         self.root = Path(root)
@@ -481,8 +501,8 @@ class ImageFolderDataModule(ImageClassificationData):
             auto_augment=auto_augment,
             random_resized_crop=True,
             random_erasing=random_erasing,
+            crop_scale=crop_scale,
         )
-        self.train_tf.transforms[0].scale = tuple(crop_scale)
         self.eval_tf = eval_transform(img_size, self.mean, self.std)
         # the in-memory path's augmentation: the same operations, drawn per image, on the whole batch
         self.rrc_scale, self.hflip, self.erasing = tuple(crop_scale), hflip, random_erasing

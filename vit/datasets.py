@@ -32,6 +32,7 @@ from vit.data import (
     TensorImageDataset,
     batch_policy,
     channel_mean_std,
+    check_crop_scale,
     decode_images,
 )
 from vit.dataset_files import first_idx_problem
@@ -147,6 +148,7 @@ class TorchvisionDataModule(ImageClassificationData):
         to_rgb: replicate a grayscale dataset to 3 channels instead of training on 1.
         crop_padding, hflip, auto_augment, random_erasing: training augmentation (hflip off by default: digits and
             text are not mirror-symmetric).
+        crop_scale: RandomResizedCrop of this share of the area instead of the padded crop (a planned recipe's).
     """
 
     def __init__(
@@ -163,8 +165,10 @@ class TorchvisionDataModule(ImageClassificationData):
         auto_augment: AutoAugment = "none",
         autoaugment_policy: Literal["imagenet", "cifar10", "svhn"] = "imagenet",
         random_erasing: float = 0.0,
+        crop_scale: tuple[float, float] | None = None,
     ):
         super().__init__(batch_size, num_workers=0, in_memory=True, eval_batch_size=eval_batch_size)
+        self.rrc_scale = check_crop_scale(crop_scale)
         self.name, cls, splits = resolve(dataset)
         self.root = Path(root)
         train_ds, val_ds = (self._open(cls, kwargs, download) for kwargs in (splits or SPLIT_BY_TRAIN))

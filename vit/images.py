@@ -52,6 +52,12 @@ def load_image(
             f"Image size ({w * h} pixels) exceeds limit of {max_pixels} pixels, could be decompression bomb DOS attack."
         )
     img.load()
+    return convert_image(img, in_chans)
+
+
+def convert_image(img: Image.Image, in_chans: int = 3) -> Image.Image:
+    """A decoded PIL image of any mode as 8-bit RGB (in_chans 3) or L (in_chans 1), as load_image returns it: the
+    one conversion for files and for the images a torchvision dataset hands out."""
     if img.mode in WIDE_MODES:
         arr = np.asarray(img, dtype=np.float64)
         top = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0

@@ -21,18 +21,18 @@ import os
 import re
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
-from torchvision.datasets import DatasetFolder
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
-from vit.data import DataError, decode_images
+from vit.data import DataError
+from vit.images import eval_geometry
 from vit.model import VisionTransformer, ViTConfig
 from vit.optim import MuonWithAdamW, split_for_muon
+from vit.sources import DataSource, folder_source
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The rule table. Each line: the rule, then the measurement behind it (docs/recipes.md has the sweeps).
@@ -109,9 +109,9 @@ BF16_GAIN = 1.1
 
 @dataclass
 class Fingerprint:
-    """What the planner knows about a folder of images, read from file headers and a small decoded sample."""
+    """What the planner knows about a data source, read from its counts, headers and a small decoded sample."""
 
-    root: str
+    root: str  # the data, as the plan names it: a folder, `torch/mnist in data/`, ...
     n_train: int
     n_val: int
     class_counts: list[int]
@@ -120,7 +120,8 @@ class Fingerprint:
     max_side: int
     grayscale: float  # fraction of files that are grayscale (modes L, LA, I, I;16, 1, or palettes of greys)
     mirror_symmetry: float  # see FLIP_SYMMETRY
-    decode_s: float  # measured seconds to decode the whole folder once (threads)
+    decode_s: float  # measured seconds to decode the whole set once at start (threads); 0: held as arrays, streamed
+    in_chans: int = 3  # channels the model trains on (1: a grayscale torchvision set)
 
     @property
     def num_classes(self) -> int:
@@ -202,82 +203,45 @@ def process_start() -> float:
 # Fingerprint
 # ---------------------------------------------------------------------------------------------------------------------
 
-GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
 
-
-def _header(path: str) -> tuple[int, int, bool] | None:
-    try:
-        with Image.open(path) as im:
-            gray = im.mode in GRAY_MODES
-            if im.mode == "P" and (pal := im.getpalette()) is not None:
-                rgb = pal[: 3 * 256]
-                gray = all(rgb[i] == rgb[i + 1] == rgb[i + 2] for i in range(0, len(rgb), 3))
-            return im.size[0], im.size[1], gray
-    except Exception:  # unreadable files are the data module's to report, with the reason
-        return None
-
-
-def fingerprint(root: str | Path, val_fraction: float = 0.2, sample: int = 2000, seed: int = 0) -> Fingerprint:
-    """Read a folder laid out as ImageFolderDataModule expects: counts from the listing, sizes and modes from the
-    headers of up to `sample` files, mirror symmetry and decode speed from up to 50 decoded images per class."""
-    if not Path(root).is_dir():
-        raise DataError(f"data.root={str(root)!r} is not a folder")  # the data module's words
-    root = Path(root)
-    split = (root / "train").is_dir() and (root / "val").is_dir()
-    train_dir = root / "train" if split else root
-    try:
-        classes, to_idx = find_classes(str(train_dir))
-    except FileNotFoundError:
-        raise DataError(f"{train_dir}: no class subfolders (expected {train_dir}/<class>/<image>)") from None
-    listed = DatasetFolder.make_dataset(str(train_dir), to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
-    if not listed:
-        raise DataError(f"{train_dir}: no images with extensions {IMG_EXTENSIONS}")
-    n_val_files = 0
-    if split:
-        val_classes = [c for c in find_classes(str(root / "val"))[0] if c in to_idx]
-        val_idx = {c: to_idx[c] for c in val_classes}
-        n_val_files = len(
-            DatasetFolder.make_dataset(str(root / "val"), val_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
-        )
-    counts = [0] * len(classes)
-    for _, t in listed:
-        counts[t] += 1
-    if split:
-        n_train, n_val = len(listed), n_val_files
-    else:
-        n_val = max(1, round(len(listed) * val_fraction))
-        n_train = len(listed) - n_val
-        counts = [max(1, round(c * (1 - val_fraction))) for c in counts]
-
+def fingerprint(
+    source: DataSource | str | Path, val_fraction: float = 0.2, sample: int = 2000, seed: int = 0
+) -> Fingerprint:
+    """What the plan needs to know about a data source (a folder path, or any DataSource of vit/sources.py): counts
+    from the source, sizes and modes from up to `sample` seeded items (file headers where there are files), mirror
+    symmetry and decode speed from up to 50 of those per class, decoded at 16 px in threads. A torchvision dataset
+    and the same images as a folder give the same fingerprint."""
+    src = folder_source(source, val_fraction) if isinstance(source, str | Path) else source
     g = torch.Generator().manual_seed(seed)
-    pick = torch.randperm(len(listed), generator=g)[:sample].tolist()
-    headers = [h for h in (_header(listed[i][0]) for i in pick) if h is not None]
+    pick = torch.randperm(src.n_items, generator=g)[:sample].tolist()
+    headers = [h for h in (src.header(i) for i in pick) if h is not None]
     if not headers:
-        raise DataError(f"{train_dir}: none of {len(pick)} sampled images could be read")
+        raise DataError(f"{src.name}: none of {len(pick)} sampled images could be read")
     sides = sorted(min(w, h) for w, h, _ in headers)
 
-    # Mirror symmetry of the classes and the decode speed: 50 images per class, decoded at 16 px in threads.
-    per_class: dict[int, list[str]] = {}
+    per_class: dict[int, list[int]] = {}
     for i in pick:
-        p, t = listed[i]
-        if len(per_class.setdefault(t, [])) < 50:
-            per_class[t].append(p)
-    paths = [p for ps in per_class.values() for p in ps]
-    labels = [t for t, ps in per_class.items() for _ in ps]
+        if len(per_class.setdefault(src.label(i), [])) < 50:
+            per_class[src.label(i)].append(i)
+    items = [i for idx in per_class.values() for i in idx]
+    labels = [t for t, idx in per_class.items() for _ in idx]
+    geometry = eval_geometry(16)
     t0 = time.perf_counter()
-    images, _ = decode_images(paths, 16)
-    per_image = (time.perf_counter() - t0) / max(1, len(paths))
+    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) + 2)) as pool:  # PIL releases the GIL
+        images = list(pool.map(lambda i: None if (im := src.image(i)) is None else geometry(im), items))
+    per_image = (time.perf_counter() - t0) / max(1, len(items))
     return Fingerprint(
-        root=str(root),
-        n_train=n_train,
-        n_val=n_val,
-        class_counts=counts,
+        root=src.name,
+        n_train=src.n_train,
+        n_val=src.n_val,
+        class_counts=list(src.class_counts),
         median_side=int(statistics.median(sides)),
         min_side=sides[0],
         max_side=sides[-1],
         grayscale=sum(gray for *_, gray in headers) / len(headers),
         mirror_symmetry=mirror_symmetry(images, labels),
-        decode_s=per_image * (n_train + n_val),
+        decode_s=per_image * (src.n_train + src.n_val) if src.decodes else 0.0,
+        in_chans=src.in_chans,
     )
 
 
@@ -371,6 +335,14 @@ def resolution(median_side: int, device: str = "cpu") -> tuple[int, int]:
     return side, side // grid
 
 
+def token_grids(median_side: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The two (img_size, patch_size) a budget chooses between: a 4x4 token grid at most 32 px (the images' own size
+    when 4 divides it: 28 px -> patch 7; 64 px -> 32 px, patch 8), and the 8x8 grid at the images' own size (up to
+    128 px: 64 px -> patch 8; 28 px -> 32 px, patch 4)."""
+    few = resolution(min(median_side, 32), "cpu")
+    return few, resolution(median_side, "cuda")
+
+
 def make_plan(
     fp: Fingerprint,
     machine: Machine,
@@ -388,28 +360,49 @@ def make_plan(
     if machine.device == "cuda" and fp.n_train > 30_000:
         batch = max(batch, 256)  # a GPU wants bigger batches; under 30k images they would leave too few steps
     batch = max(1, min(batch, fp.n_train // 8))  # at least 8 steps per epoch on tiny data
-    img_size, patch = resolution(fp.median_side, machine.device)
     hflip = fp.mirror_symmetry >= FLIP_SYMMETRY
-    archs = [
-        ViTConfig(
-            img_size=img_size,
-            patch_size=patch,
-            in_chans=3,
-            num_classes=fp.num_classes,
-            embed_dim=w,
-            depth=d,
-            num_heads=h,
-        )
-        for w, d, h in MODELS[: max_model + 1]
-    ]
     speed_fn = speed_fn or (lambda a, b, precision="32-true": calibrate(a, b, machine.device, precision, optimizer))
-    t0 = time.perf_counter()
-    speeds = speed_fn(archs, batch)
-    elapsed_s += time.perf_counter() - t0
+
+    def candidates(img_size: int, patch: int) -> list[ViTConfig]:
+        return [
+            ViTConfig(
+                img_size=img_size,
+                patch_size=patch,
+                in_chans=fp.in_chans,
+                num_classes=fp.num_classes,
+                embed_dim=w,
+                depth=d,
+                num_heads=h,
+            )
+            for w, d, h in MODELS[: max_model + 1]
+        ]
 
     def epoch_seconds(speed: float) -> float:
         # training at the timed speed plus overhead; validation forward-only, ~3x faster than a training step
         return (fp.n_train / speed) * EPOCH_OVERHEAD + fp.n_val / (3 * speed)
+
+    few, full = token_grids(fp.median_side)
+    if budget_s is None:
+        img_size, patch = resolution(fp.median_side, machine.device)
+        why_grid = "no --budget: a 4x4 grid up to 32 px on a CPU, else 8x8"
+    else:
+        # The image's own grid only when the budget buys the tier's whole recipe (its largest model for its wanted
+        # epochs) at those tokens; else fewer tokens and more epochs (docs/recipes.md, "Tokens by budget").
+        largest = candidates(*full)[-1:]
+        t0 = time.perf_counter()
+        full_speed = speed_fn(largest, batch)[0]
+        elapsed_s += time.perf_counter() - t0
+        spare_full = budget_s - elapsed_s - fp.decode_s - FIXED_S
+        full_epochs = spare_full / epoch_seconds(full_speed)
+        img_size, patch = full if full_epochs >= want else few
+        why_grid = (
+            f"{(full[0] // full[1]) ** 2} tokens would give {MODELS[max_model][0]}x{MODELS[max_model][1]} "
+            f"{max(0.0, full_epochs):.0f} of its {want} epochs in the budget"
+        )
+    archs = candidates(img_size, patch)
+    t0 = time.perf_counter()
+    speeds = speed_fn(archs, batch)
+    elapsed_s += time.perf_counter() - t0
 
     spare = None
     if budget_s is not None:
@@ -489,7 +482,7 @@ def make_plan(
             precision,
             f"{w}x{d} measured: fp32 {fp32_speed:.0f} img/s, bf16 {bf16:.0f} img/s (bf16 when > {BF16_GAIN}x)",
         ),
-        ("img_size, patch", f"{img_size}, {patch}", f"{(img_size // patch) ** 2} tokens"),
+        ("img_size, patch", f"{img_size}, {patch}", f"{(img_size // patch) ** 2} tokens: {why_grid}"),
         ("model", f"{w} wide, {d} blocks, {h} heads", why_model),
         ("epochs", str(epochs), why_epochs + f"; ~{epoch_s:.1f} s each"),
         ("batch, lr, warmup", f"{batch}, {LR:g}, {warmup} ep", f"{OPTIMIZER_NAMES[optimizer]}, cosine to 1%"),
@@ -530,4 +523,8 @@ def make_plan(
     )
     if max_n in MEASURED:
         rows.append(("measured", f"best val/acc on 2 CPU cores, {MEASURED[max_n]}", "docs/recipes.md"))
+    else:
+        rows.append(("measured", "this tier: not measured (no set of this size here)", "docs/recipes.md"))
+    if machine.device == "cuda":  # every rule was measured on 2 CPU cores; a GPU's side of them is as written
+        rows.append(("on a GPU", "rules as written, not measured on one (batch 256 from 30,000 images)", ""))
     return Plan(overrides=overrides, rows=rows, estimate_s=estimate, epoch_s=epoch_s, cap=2 * want)

@@ -2,8 +2,10 @@
 
     vit-train fit --data.root PATH                   # configs/folder.yaml: plan: true
     vit-train fit --data.root PATH --budget 5min     # model and epochs chosen to finish in 5 minutes, start to exit
+    vit-train --budget 30min                         # CIFAR-10 (configs/cifar10.yaml's data, a planned recipe)
+    vit-train --config configs/mnist.yaml --data.init_args.dataset torch/fashion_mnist --budget 5min
 
-vit/commands/train.py calls `apply_plan` before anything is built (the folder is decoded once, at the planned size),
+vit/commands/train.py calls `apply_plan` before anything is built (a folder is decoded once, at the planned size),
 adds the `FitBudget` callback, and writes <run>/plan.yaml: the complete config, `plan: false`, so that
 `vit-train fit --config <run>/plan.yaml` trains the same run again without planning.
 """
@@ -21,8 +23,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from vit.model import follows_patch_grid
 from vit.module import lr_factor, schedule_warmup
 from vit.plan import FIXED_S, Machine, Plan, fingerprint, make_plan, parse_budget, process_start, warmup_epochs
+from vit.sources import source_for
 
-FOLDER_CLASS = "vit.data.ImageFolderDataModule"
 # Of the remaining budget, kept free when FitBudget resizes the run: timed epochs leave out the attention maps (five
 # times a run) and the drift of a shared machine. With 5% and one timed epoch, runs ended 7-11% over 3 and 5 minutes.
 RESERVE = 0.10
@@ -45,10 +47,22 @@ def _canonical(key: str) -> str:
     return ".".join(parts)
 
 
+def shipped_recipe(path: str | Path) -> bool:
+    """A recipe config shipped with the toolkit (configs/*.yaml of the package or this checkout, not the variants):
+    with --budget its recipe fields are what the plan replaces; its data source, seed and logger stay."""
+    package = Path(__file__).resolve().parent  # vit/
+    p = Path(path).resolve()
+    return any(p.parent == root and p.suffix == ".yaml" for root in (package / "configs", package.parent / "configs"))
+
+
 def explicit_keys(argv: Sequence[str], config_paths: Sequence[str | Path]) -> set[str]:
-    """Every config key the user set: in a `--config` file or as a `--key value` flag. These win over the plan."""
+    """Every config key the user set: in a `--config` file of their own (not a shipped recipe: `python train.py
+    --budget 30min` plans CIFAR-10 instead of keeping configs/cifar10.yaml's 200 epochs) or as a `--key value` flag.
+    These win over the plan."""
     keys: set[str] = set()
     for path in config_paths:
+        if shipped_recipe(path):
+            continue
         try:
             keys |= _flatten(yaml.safe_load(Path(path).read_text()) or {})
         except (OSError, yaml.YAMLError):
@@ -65,8 +79,9 @@ def is_explicit(key: str, explicit: set[str]) -> bool:
 
 
 def apply_plan(config, argv: Sequence[str], clock: Callable[[], float] = time.time) -> tuple[Plan, float | None] | None:
-    """Plan when `config.plan` or `--budget` asks for it: fingerprint the folder, calibrate, write the plan's values
-    into `config` (a jsonargparse Namespace of `fit`) wherever the user did not set the key. Returns (the plan, the
+    """Plan when `config.plan` or `--budget` asks for it: fingerprint the data (any source of vit/sources.py),
+    calibrate, write the plan's values into `config` (a jsonargparse Namespace of `fit`) wherever the user did not
+    set the key. Returns (the plan, the
     deadline as a `clock` time) or None when not planning. Raises ValueError with one line when it cannot plan."""
     budget = parse_budget(config.get("budget"))
     max_time = config.trainer.get("max_time")
@@ -77,18 +92,12 @@ def apply_plan(config, argv: Sequence[str], clock: Callable[[], float] = time.ti
             f"ckpt_path={config.ckpt_path}: resume a planned run from its saved plan, not a new one: "
             "vit-train fit --config logs/<run>/version_<n>/plan.yaml --ckpt_path ..."
         )
-    if config.data.get("class_path") != FOLDER_CLASS:
-        raise ValueError(
-            f"--budget and plan: true plan a recipe for a folder of images (--data.root PATH), not for "
-            f"{config.data.get('class_path')}, whose config has a fixed recipe: set --trainer.max_epochs instead"
-        )
     if budget is None and max_time is not None:
         budget = parse_budget(max_time)  # the plan fits the whole schedule in it instead of cutting it short
     if budget is not None:
         config.trainer.max_time = None
     start = process_start()
-    init = config.data.init_args
-    fp = fingerprint(init.root, val_fraction=init.get("val_fraction", 0.2))
+    fp = fingerprint(source_for(config.data))
     explicit = explicit_keys(argv, [str(p) for p in (config.get("config") or [])])
     plan = make_plan(fp, Machine.here(), budget_s=budget, elapsed_s=clock() - start)
     yours = []

@@ -18,7 +18,14 @@ from pathlib import Path
 
 import torch
 
-from vit.data import IMG_EXTENSIONS, ImageClassificationData, eval_transform, find_classes, train_transform
+from vit.data import (
+    IMG_EXTENSIONS,
+    ImageClassificationData,
+    check_crop_scale,
+    eval_transform,
+    find_classes,
+    train_transform,
+)
 from vit.images import load_image
 
 META = "vit_meta.json"  # class names and the training images' mean/std, written beside the chunks
@@ -27,6 +34,25 @@ META = "vit_meta.json"  # class names and the training images' mean/std, written
 def _read(item: tuple[str, int, int]) -> dict:
     path, label, index = item
     return {"data": Path(path).read_bytes(), "label": label, "index": index}
+
+
+def files_of(folder: Path, to_idx: dict[str, int]) -> list[tuple[str, int]]:
+    """(path, class index) of the images under folder/<class>/, sorted."""
+    return sorted(
+        (str(p), to_idx[p.parent.name])
+        for p in folder.glob("*/*")
+        if p.suffix.lower() in IMG_EXTENSIONS and p.parent.name in to_idx
+    )
+
+
+def read_meta(path: str) -> dict:
+    """vit_meta.json, local or remote (`s3://...`, through fsspec)."""
+    if "://" not in path:
+        return json.loads(Path(path).read_text())
+    import fsspec
+
+    with fsspec.open(path, "r") as f:
+        return json.load(f)
 
 
 def optimize_folder(root: str, output_dir: str, num_workers: int = 1, chunk_bytes: str = "64MB") -> dict:
@@ -38,11 +64,7 @@ def optimize_folder(root: str, output_dir: str, num_workers: int = 1, chunk_byte
     classes, _ = find_classes(str(root_p / "train"))
     to_idx = {c: i for i, c in enumerate(classes)}
     for split in ("train", "val"):
-        files = sorted(
-            (str(p), to_idx[p.parent.name])
-            for p in (root_p / split).glob("*/*")
-            if p.suffix.lower() in IMG_EXTENSIONS and p.parent.name in to_idx
-        )
+        files = files_of(root_p / split, to_idx)
         items = [(p, t, i) for i, (p, t) in enumerate(files)]
         optimize(
             fn=_read,
@@ -59,8 +81,11 @@ def optimize_folder(root: str, output_dir: str, num_workers: int = 1, chunk_byte
         )
     sample = sorted((root_p / "train").glob("*/*"))[:: max(1, len(list((root_p / "train").glob("*/*"))) // 500)][:500]
     x = torch.stack([eval_transform(64, (0, 0, 0), (1, 1, 1))(load_image(p)) for p in sample])
+    train_labels = [t for p, t in files_of(root_p / "train", to_idx)]
     meta = {
         "class_names": classes,
+        # the planner's fingerprint reads the counts here instead of every item of the stream (vit/sources.py)
+        "class_counts": [train_labels.count(i) for i in range(len(classes))],
         "mean": [round(v, 4) for v in x.mean(dim=(0, 2, 3)).tolist()],
         "std": [round(v, 4) for v in x.std(dim=(0, 2, 3)).clamp(min=1e-3).tolist()],
     }
@@ -102,6 +127,7 @@ class StreamingDataModule(ImageClassificationData):
         input_dir: the optimize output (holds train/, val/ and vit_meta.json).
         cache_dir: local cache for remote chunks (litdata's default when None); max_cache_size caps it.
         trust_pickles: stream chunks whose items litdata stored as pickles (code run when read); refused otherwise.
+        crop_scale, random_erasing: RandomResizedCrop's share of the area and Random Erasing's probability.
     """
 
     def __init__(
@@ -116,8 +142,13 @@ class StreamingDataModule(ImageClassificationData):
         max_cache_size: str = "50GB",
         eval_batch_size: int | None = None,
         trust_pickles: bool = False,
+        crop_scale: tuple[float, float] = (0.35, 1.0),
+        random_erasing: float = 0.0,
     ):
         super().__init__(batch_size, num_workers, eval_batch_size=eval_batch_size)
+        crop_scale = check_crop_scale(crop_scale)
+        if not 0.0 <= random_erasing <= 1.0:
+            raise ValueError(f"random_erasing={random_erasing} must be a probability in [0, 1]")
         self.input_dir, self.cache_dir, self.max_cache_size = input_dir.rstrip("/"), cache_dir, max_cache_size
         meta_path = f"{self.input_dir}/{META}"
         if "://" not in meta_path and not Path(meta_path).is_file():
@@ -126,24 +157,24 @@ class StreamingDataModule(ImageClassificationData):
             raise DataError(
                 f"{meta_path}: not found; write the chunks with: python -m vit.commands.streaming optimize ROOT OUT"
             )
-        meta = json.loads(Path(meta_path).read_text()) if "://" not in meta_path else self._remote_meta(meta_path)
+        meta = read_meta(meta_path)
         if not trust_pickles:
             for split in ("train", "val"):
-                refuse_pickled_items(f"{self.input_dir}/{split}/index.json", self._remote_meta)
+                refuse_pickled_items(f"{self.input_dir}/{split}/index.json", read_meta)
         self.class_names, self.num_classes = meta["class_names"], len(meta["class_names"])
         self.mean, self.std = tuple(meta["mean"]), tuple(meta["std"])
         self.img_size, self.in_chans = img_size, 3
         self.train_tf = train_transform(
-            img_size, self.mean, self.std, hflip=hflip, auto_augment=auto_augment, random_resized_crop=True
+            img_size,
+            self.mean,
+            self.std,
+            hflip=hflip,
+            auto_augment=auto_augment,
+            random_resized_crop=True,
+            crop_scale=crop_scale,
+            random_erasing=random_erasing,
         )
         self.eval_tf = eval_transform(img_size, self.mean, self.std)
-
-    @staticmethod
-    def _remote_meta(url: str) -> dict:
-        import fsspec
-
-        with fsspec.open(url, "r") as f:
-            return json.load(f)
 
     def _stream(self, split: str, transform, shuffle: bool):
         from litdata import StreamingDataLoader, StreamingDataset

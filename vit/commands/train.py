@@ -3,6 +3,7 @@
     vit-train                                   # fit configs/cifar10.yaml (CIFAR-10 from data/, downloaded if it can)
     vit-train --config configs/digits.yaml      # `fit` is the default subcommand
     vit-train fit --data.root path/to/images --budget 10min   # a folder: the recipe is planned (vit/plan.py)
+    vit-train --budget 30min                    # CIFAR-10 too: a recipe planned for 30 minutes on this machine
     vit-train validate --config configs/digits.yaml --ckpt_path checkpoints/digits/version_0/last.ckpt
 
 A `--config configs/NAME.yaml` that does not exist where you run it is taken from the configs shipped with the package,
@@ -87,8 +88,8 @@ class ViTCLI(LightningCLI):
             "--plan",
             type=bool,
             default=False,
-            help="plan the recipe for an image folder from the data, this machine and --budget (vit/plan.py); "
-            "configs/folder.yaml turns it on; any field you set wins over the plan",
+            help="plan the recipe from the data (a folder, CIFAR, torch/NAME or litdata chunks), this machine and "
+            "--budget (vit/plan.py); configs/folder.yaml turns it on; any field you set wins over the plan",
         )
         parser.add_argument(
             "--budget",
