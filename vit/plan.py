@@ -78,9 +78,11 @@ MEASURED = {
     200_000: "15 min: 92.4-92.7% (50,000 28-px grayscale clothing photos, 3 seeds)",
 }
 
-# Training resolution: the listed side at or above the median short side; a 4x4 token grid up to 32 px on a CPU, else
-# 8x8. 16 tokens: a CPU epoch of 8,000 MNIST digits takes ~6 s at 96x4 (vs ~17 s at 49 tokens), and in 5 minutes
-# 49 tokens reached 95.8% against 97.80-98.25%.
+# Training resolution: the listed side at or above the median short side. Without a budget, a 4x4 token grid up to
+# 32 px on a CPU, else 8x8. With one, the 8x8 grid at the images' own size only when it buys the tier's largest model
+# its wanted epochs, else a 4x4 grid at most 32 px (token_grids): 64-px MNIST in 5 minutes, 3 seeds, 98.25-98.40%
+# at 16 tokens against 95.90-97.80% at 64; 64-px Fashion-MNIST 20k, 89.58-89.64% against 83.22-83.52%
+# (docs/recipes.md, "tokens by budget"). At 28 px, 49 tokens reached 95.8% against 16 tokens' 97.80-98.25%.
 SIDES = [16, 24, 32, 48, 64, 96, 128]
 OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon + AdamW"}
 # PatchDropout stops after this share of the epochs: the second half sees every token, as evaluation does. The plan's
