@@ -80,10 +80,13 @@ def _data_for(config: str, root: Path, monkeypatch) -> list[str]:
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-def test_every_config_trains_as_shipped(config, in_tmp, monkeypatch):
+def test_every_config_trains_as_shipped(config, in_tmp, monkeypatch, capsys):
     extra = _data_for(config, in_tmp, monkeypatch)
     cli = train.main(["fit", "--config", f"configs/{config}", *LIMITS, *QUIET, *extra])
     assert cli.trainer.global_step >= 1
+    # a fixed recipe (every config but folder.yaml's plan) says how long it takes here, as `python train.py` does
+    printed = capsys.readouterr().out
+    assert ("this recipe: " in printed) == (config != "folder.yaml"), printed[-2000:]
     last = next(in_tmp.glob("checkpoints/*/version_0/last.ckpt"))
     model, _ = load_model(last)
     cfg = model.cfg
