@@ -223,8 +223,9 @@ def fingerprint(
 
     per_class: dict[int, list[int]] = {}
     for i in pick:
-        if len(per_class.setdefault(src.label(i), [])) < 50:
-            per_class[src.label(i)].append(i)
+        idx = per_class.setdefault(src.label(i), [])  # one label read an item: a stream's reads fetch its chunk
+        if len(idx) < 50:
+            idx.append(i)
     items = [i for idx in per_class.values() for i in idx]
     labels = [t for t, idx in per_class.items() for _ in idx]
     geometry = eval_geometry(16)
