@@ -6,6 +6,7 @@ optimizer and model are the config's.
     pytest -m configs          # these alone
 """
 
+import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,8 @@ def test_every_config_trains_as_shipped(config, in_tmp, monkeypatch, capsys):
     extra = _data_for(config, in_tmp, monkeypatch)
     cli = train.main(["fit", "--config", f"configs/{config}", *LIMITS, *QUIET, *extra])
     assert cli.trainer.global_step >= 1
+    # the run's loader workers have exited with it (litdata's, left to the garbage collector, stalled for 10 s)
+    assert not multiprocessing.active_children()
     # a fixed recipe (every config but folder.yaml's plan) says how long it takes here, as `python train.py` does
     printed = capsys.readouterr().out
     assert ("this recipe: " in printed) == (config != "folder.yaml"), printed[-2000:]

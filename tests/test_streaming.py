@@ -96,3 +96,20 @@ def test_chunks_of_pickled_items_are_refused_unless_trusted(tmp_path):
     with pytest.raises(DataError, match=r"train/index\.json: its items are pickles .*trust_pickles true"):
         StreamingDataModule(str(tmp_path / "chunks"), num_workers=0)
     StreamingDataModule(str(tmp_path / "chunks"), num_workers=0, trust_pickles=True)
+
+
+def test_teardown_stops_the_persistent_workers_at_once(tmp_path):
+    """litdata's loader and its iterator form a cycle: left to the collector, the iterator's queues could be closed
+    before it asks its workers to exit, and each worker was waited for 5 s, then killed (a 10 s stall at some later
+    garbage collection). Teardown stops them while the queues live."""
+    _folder(tmp_path / "imgs")
+    assert main(["optimize", str(tmp_path / "imgs"), str(tmp_path / "chunks")]) == 0
+    dm = StreamingDataModule(str(tmp_path / "chunks"), img_size=16, batch_size=4, num_workers=2)
+    loader = dm.train_dataloader()
+    assert sum(len(y) for _, y in loader) == 2 * N_PER_CLASS  # one whole epoch: the workers persist after it
+    workers = loader._iterator._workers
+    assert all(w.is_alive() for w in workers)
+    dm.teardown("fit")
+    # the workers were told to exit while their queues lived: they are gone now, not in 5 s each
+    assert not any(w.is_alive() for w in workers) and all(w.exitcode == 0 for w in workers)
+    assert loader._iterator is None

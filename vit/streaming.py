@@ -175,6 +175,7 @@ class StreamingDataModule(ImageClassificationData):
             random_erasing=random_erasing,
         )
         self.eval_tf = eval_transform(img_size, self.mean, self.std)
+        self._loaders: list = []  # the loaders handed out, whose workers teardown stops
 
     def _stream(self, split: str, transform, shuffle: bool):
         from litdata import StreamingDataLoader, StreamingDataset
@@ -192,9 +193,22 @@ class StreamingDataModule(ImageClassificationData):
         batch = self.batch_size if split == "train" else self.eval_batch_size
         # persistent: the workers start once per run, not at every epoch and validation (each start re-imports torch
         # in a fresh process: 5-10 s on a 2-core CPU)
-        return StreamingDataLoader(
+        loader = StreamingDataLoader(
             ds, batch_size=batch, num_workers=self.num_workers, persistent_workers=self.num_workers > 0
         )
+        self._loaders.append(loader)
+        return loader
+
+    def teardown(self, stage: str) -> None:
+        """Stop the stage's persistent workers now. litdata's loader and its iterator refer to each other, so they
+        are freed later by the cycle collector, which can close the iterator's queues before the iterator asks its
+        workers to exit: each worker is then waited for 5 s and killed (measured: a 10.3 s stall at some later
+        collection with 2 workers, against 0.01 s here, while the queues live)."""
+        for loader in self._loaders:
+            iterator, loader._iterator = loader._iterator, None
+            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+        self._loaders.clear()
 
     def train_dataloader(self):
         return self._stream("train", self.train_tf, shuffle=True)

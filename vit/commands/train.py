@@ -273,10 +273,13 @@ class ViTCLI(LightningCLI):
         elif (acc := self.trainer.callback_metrics.get("val/acc")) is not None:
             print(f"\nval/acc {float(acc):.4f} (last epoch) {took}; no checkpoint written")
         saved = [c.best_model_path for c in (cb, last) if c is not None and c.best_model_path]
-        if saved and self.model.hparams.get("posthoc_logit_adjust"):
-            self._adjust_logits(saved)
-        if saved:
-            self._calibrate(saved)
+        try:
+            if saved and self.model.hparams.get("posthoc_logit_adjust"):
+                self._adjust_logits(saved)
+            if saved:
+                self._calibrate(saved)
+        finally:  # the passes over the validation set after fit are a stage of their own: free its loader workers
+            self.datamodule.teardown("validate")
 
     def _adjust_logits(self, paths: list[str]) -> None:
         """Post-hoc logit adjustment of the best and the last checkpoint (vit/logit_adjustment.py), before the
