@@ -1,11 +1,9 @@
-"""Crash and resume: SIGKILL a training subprocess mid-epoch and mid-checkpoint-write, resume, and end with the
+"""Crash and resume: SIGKILL a forked training process mid-epoch and mid-checkpoint-write, resume, and end with the
 weights and the validation accuracy of an uninterrupted run (deterministic CPU)."""
 
+import multiprocessing
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -44,25 +42,40 @@ ARGS = [
 ]
 CKPTS = Path("checkpoints", "smoke", "version_0")
 
-# The child: the real train.main, slowed to ~0.15 s a step so that the parent can kill it at a chosen moment.
-CHILD = textwrap.dedent("""
-    import os, sys, time
-    sys.path.insert(0, {root!r})
-    import vit.checkpoint_io as io, vit.module as vm
+
+def _child(root: str, pause_in_write: int) -> None:
+    """The real train.main in a forked copy of this process (a fresh interpreter spent ~5 s importing), slowed to
+    ~0.15 s a step so that the parent can kill it at a chosen moment. pause_in_write: the Nth checkpoint write hangs
+    after the data, before the rename, and says which file in root/IN_WRITE."""
+    import vit.checkpoint_io as io
+    import vit.module as vm
+
+    os.chdir(root)
     step = vm.ViTClassifier.training_step
     vm.ViTClassifier.training_step = lambda self, b, i: (time.sleep(0.15), step(self, b, i))[1]
-    if os.environ.get("PAUSE_IN_WRITE"):  # the Nth checkpoint write hangs after the data, before the rename
+    if pause_in_write:
         replace, calls = io.os.replace, [0]
+
         def slow_replace(src, dst):
             calls[0] += 1
-            if calls[0] == int(os.environ["PAUSE_IN_WRITE"]):
-                print("IN_WRITE", dst, flush=True)
+            if calls[0] == pause_in_write:
+                Path(root, "IN_WRITE").write_text(str(dst))
                 time.sleep(60)
             replace(src, dst)
+
         io.os.replace = slow_replace
-    import train
-    train.main(sys.argv[1:])
-""")
+    train.main(ARGS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """One torch thread for the run, its forked child and the resume: a child forked from a process whose OpenMP pool
+    ran two threads hung at its first parallel op (GNU libgomp is not fork-safe), and one thread count for all three
+    keeps them bit-comparable."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -79,17 +92,16 @@ def _final(root: Path):
     return ckpt, [e.value for e in ea.Scalars("val/acc")]
 
 
-def _start(tmp_path: Path, env: dict | None = None) -> subprocess.Popen:
-    script = tmp_path / "child.py"
-    script.write_text(CHILD.format(root=str(ROOT)))
-    return subprocess.Popen(
-        [sys.executable, str(script), *ARGS],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
+def _start(tmp_path: Path, pause_in_write: int = 0) -> multiprocessing.Process:
+    child = multiprocessing.get_context("fork").Process(target=_child, args=(str(tmp_path), pause_in_write))
+    child.start()
+    return child
+
+
+def _kill(child: multiprocessing.Process) -> None:
+    child.kill()
+    child.join(timeout=30)
+    assert child.exitcode == -signal.SIGKILL
 
 
 def _resume_and_compare(tmp_path: Path, uninterrupted: Path) -> None:
@@ -111,24 +123,22 @@ def test_killed_during_an_epoch_resumes_to_the_same_weights(tmp_path, uninterrup
             seen.add(step_ckpt.stat().st_mtime_ns)
         time.sleep(0.02)
     time.sleep(0.2)  # somewhere between two checkpoints
-    child.send_signal(signal.SIGKILL)
-    child.wait(timeout=30)
-    assert child.returncode == -signal.SIGKILL and len(seen) >= 4
+    _kill(child)
+    assert len(seen) >= 4
     step = load_checkpoint(step_ckpt)["global_step"]
     assert 10 < step < 30  # a checkpoint from the middle of the run, mid-epoch
     _resume_and_compare(tmp_path, uninterrupted)
 
 
 def test_killed_during_a_checkpoint_write_keeps_the_old_checkpoint_and_resumes(tmp_path, uninterrupted):
-    child = _start(tmp_path, {"PAUSE_IN_WRITE": "8"})
-    line = ""
+    child = _start(tmp_path, pause_in_write=8)
+    said = tmp_path / "IN_WRITE"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and "IN_WRITE" not in line:
-        line = child.stdout.readline()
-    target = Path(line.split()[1])
+    while time.monotonic() < deadline and not (said.exists() and said.read_text()):
+        time.sleep(0.02)
+    target = Path(said.read_text())
     before = load_checkpoint(target)["global_step"]  # the previous version is whole and readable
-    child.send_signal(signal.SIGKILL)
-    child.wait(timeout=30)
+    _kill(child)
     after = load_checkpoint(target)
     assert after["global_step"] == before
     assert list(target.parent.glob(f".{target.name}.*.tmp"))  # the half-written file never replaced it
