@@ -55,20 +55,14 @@ def venv(tmp_path_factory) -> Path:
     return env_dir
 
 
-def test_the_wheel_carries_the_package_and_the_configs(venv):
-    py = venv / "bin" / "python"
-    out = _run([str(py), "-c", "import vit, pathlib; print(pathlib.Path(vit.__file__).parent)"], cwd=venv.parent)
-    pkg = Path(out.stdout.strip())
-    assert pkg.is_relative_to(venv), pkg  # the installed copy, not the repository's
-    assert (pkg / "configs" / "smoke.yaml").is_file() and (pkg / "configs" / "variants" / "moe.yaml").is_file()
-    assert (pkg / "static" / "index.html").is_file() and (pkg / "commands" / "serve.py").is_file()  # vit-serve's page
-
-
-# Each installed console script's entry point, loaded as its wrapper loads it and run with --help, in one process:
-# six processes importing torch cost 65 s of the suite on a 2-core CPU; the wrappers themselves are checked as files.
-HELP_EACH = r"""
-import contextlib, io, json, sys
+# In one process of the installed environment: where `import vit` comes from, and each installed console script's
+# entry point, loaded as its wrapper loads it and run with --help (six processes importing torch cost 65 s of the
+# suite on a 2-core CPU, a seventh for the package's path 3 s more); the wrappers themselves are checked as files.
+INSTALLED = r"""
+import contextlib, io, json, pathlib, sys
 from importlib.metadata import entry_points
+
+import vit
 
 eps = {e.name: e for e in entry_points(group="console_scripts")}
 answers = {}
@@ -81,19 +75,31 @@ for name in sys.argv[1:]:
     except SystemExit as e:
         code = e.code
     answers[name] = [code or 0, "usage" in out.getvalue().lower()]
-print(json.dumps(answers))
+print(json.dumps({"package": str(pathlib.Path(vit.__file__).parent), "help": answers}))
 """
 
 
-def test_each_console_script_answers_help(venv):
+@pytest.fixture(scope="module")
+def installed(venv) -> dict:
     import json
 
+    run = _run([str(venv / "bin" / "python"), "-c", INSTALLED, *SCRIPTS], cwd=venv.parent)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+def test_the_wheel_carries_the_package_and_the_configs(venv, installed):
+    pkg = Path(installed["package"])
+    assert pkg.is_relative_to(venv), pkg  # the installed copy, not the repository's
+    assert (pkg / "configs" / "smoke.yaml").is_file() and (pkg / "configs" / "variants" / "moe.yaml").is_file()
+    assert (pkg / "static" / "index.html").is_file() and (pkg / "commands" / "serve.py").is_file()  # vit-serve's page
+
+
+def test_each_console_script_answers_help(venv, installed):
     for script in SCRIPTS:
         wrapper = (venv / "bin" / script).read_text()
         assert wrapper.startswith(f"#!{venv}/bin/python") and "from vit.commands." in wrapper, (script, wrapper)
-    run = _run([str(venv / "bin" / "python"), "-c", HELP_EACH, *SCRIPTS], cwd=venv.parent)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert json.loads(run.stdout.splitlines()[-1]) == {script: [0, True] for script in SCRIPTS}
+    assert installed["help"] == {script: [0, True] for script in SCRIPTS}
 
 
 def test_vit_train_runs_a_smoke_fit_from_another_folder(venv, tmp_path):
