@@ -132,11 +132,15 @@ def test_panels_for_a_batch():
     torch.testing.assert_close(panels["relevance"].sum((1, 2)), torch.ones(3))
 
 
-def test_command_writes_overlays_for_image_files(tmp_path):
+def test_command_writes_overlays_for_image_files(tmp_path, capsys):
     model = VisionTransformer(**TINY)
     hp = dict(TINY, class_names=list("abcde"), mean=[0.5] * 3, std=[0.5] * 3)
     torch.save(
-        {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "hyper_parameters": hp},
+        {
+            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+            "hyper_parameters": hp,
+            "calibration": {"temperature": 0.05},  # sharpens: the raw softmax of a fresh model would be ~0.2
+        },
         tmp_path / "m.ckpt",
     )
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (50, 70, 3), dtype=np.uint8)).save(tmp_path / "a.png")
@@ -154,6 +158,13 @@ def test_command_writes_overlays_for_image_files(tmp_path):
         ]
     )
     assert code == 1  # one image failed, the other was drawn
+    from vit.data import eval_transform
+
+    x = eval_transform(TINY["img_size"], [0.5] * 3, [0.5] * 3)(Image.open(tmp_path / "a.png").convert("RGB"))
+    with torch.no_grad():
+        served = (model.eval()(x[None]) / 0.05).softmax(-1).max()  # the calibrated probability, as vit-predict's
+    printed = float(capsys.readouterr().out.split("(")[-1].split(")")[0])
+    assert printed == pytest.approx(float(served), abs=0.006)
     png = Image.open(tmp_path / "maps" / "a_attention.png")
     assert png.size == (64 + 4, 2 * 64 + 6)
     assert (tmp_path / "maps" / "a_heads_last_block.png").is_file()

@@ -118,6 +118,7 @@ def test_two_rank_ddp_on_1001_images_at_batch_167_trains_two_epochs_and_exits(tm
     flags += ["--model.arch.embed_dim=16", "--model.arch.depth=1", "--model.arch.num_heads=1", "--trainer.max_epochs=2"]
     flags += ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp_fork"]
     flags += ["--trainer.enable_progress_bar=false", "--attention_maps.every_n_epochs=0"]
+    flags += ["--find_label_issues=true"]  # under DDP it wrote nothing and said nothing
     run = subprocess.run(
         [sys.executable, str(script), "fit", "--data.root", str(tmp_path / "imgs"), *flags],
         cwd=tmp_path,
@@ -131,6 +132,8 @@ def test_two_rank_ddp_on_1001_images_at_batch_167_trains_two_epochs_and_exits(tm
     shared = f"within max_memory_gb={round(default_memory_budget_gb() / 2, 2):.1f}"  # each rank holds its own copy
     assert shared in run.stdout + run.stderr, (run.stdout + run.stderr)[:2000]
     assert "best val/acc" in run.stdout and (tmp_path / "checkpoints" / "folder" / "version_0" / "last.ckpt").is_file()
+    issues = (tmp_path / "logs" / "folder" / "version_0" / "label_issues.csv").read_text().splitlines()
+    assert "label issues: " in run.stdout and len(issues) >= 1  # a header at least; rows for the suspicious files
 
 
 class _HeadOnlyFirst(L.Callback):

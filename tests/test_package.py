@@ -177,3 +177,16 @@ def test_torch_is_required_at_a_version_whose_weights_only_load_holds():
     torch_dep = next(d for d in deps if re.match(r"torch\b(?!vision)", d))
     low = tuple(int(v) for v in re.search(r">=\s*([\d.]+)", torch_dep).group(1).split(".")[:2])
     assert low >= (2, 6), torch_dep
+
+
+def test_the_declared_lightning_floor_has_what_the_toolkit_uses():
+    """pyproject.toml allowed lightning 2.4, where EMAWeightAveraging and LightningCLI's _parse_ckpt_path hook
+    (vit/commands/train.py) do not exist: the floor must be the release that brought them, 2.6."""
+    import re
+
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    floor = next(re.search(r">=\s*([\d.]+)", d).group(1) for d in deps if d.startswith("lightning"))
+    assert tuple(int(x) for x in floor.split(".")[:2]) >= (2, 6)
+    from lightning.pytorch.callbacks import EMAWeightAveraging  # noqa: F401  what needs it

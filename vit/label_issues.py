@@ -92,7 +92,9 @@ class LabelIssueFinder(L.Callback):
         checkpoint["label_issues"] = str(self.out.resolve())  # vit-eval shows the file's gallery when it is there
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if trainer.current_epoch not in snapshot_epochs(trainer.max_epochs or 1) or trainer.world_size > 1:
+        # Rank zero alone scores the whole training set (each rank holds all of it): a plain forward of the module, no
+        # collective, so the other ranks only wait at their next all-reduce. (It used to return under DDP: no file.)
+        if trainer.current_epoch not in snapshot_epochs(trainer.max_epochs or 1) or not trainer.is_global_zero:
             return
         was_training = pl_module.training
         pl_module.eval()

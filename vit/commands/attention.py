@@ -16,6 +16,7 @@ import torch
 from torchvision.utils import save_image
 
 from vit.attention_maps import attention_panels
+from vit.calibration import probabilities
 from vit.checkpoint import load_model_or_report
 from vit.data import eval_transform
 from vit.faithfulness import faithfulness
@@ -55,7 +56,8 @@ def maps_main(argv: list[str]) -> int:
     done = 0
     for path, x in read_or_report(args.images, tf, hp["in_chans"]):
         panels = attention_panels(model, x[None], hp["mean"], hp["std"], display_size=args.size)
-        prob, idx = panels["logits"].softmax(-1)[0].max(-1)
+        # the calibrated probability, as vit-predict, vit-eval and vit-serve print it
+        prob, idx = probabilities(panels["logits"], hp.get("temperature", 1.0))[0].max(-1)
         target = out / f"{Path(path).stem}_attention.png"
         save_image(panels["rollout"], target)
         save_image(panels["layers"][-1], out / f"{Path(path).stem}_heads_last_block.png")
