@@ -1,6 +1,7 @@
 """Post-hoc logit adjustment: tau chosen on validation logits, folded into the head's bias of the checkpoint file so
 that every consumer predicts with it; and a fit on a long-tailed folder that does it at the end."""
 
+import re
 import shutil
 
 import torch
@@ -65,5 +66,9 @@ def test_a_planned_long_tailed_fit_adjusts_its_checkpoints(tmp_path, in_tmp, cap
     ])  # fmt: skip
     out = capsys.readouterr().out
     assert "best val/acc_balanced " in out and "logit adjustment: tau " in out
+    # the chosen checkpoint's two scores, after the adjustment: its balanced accuracy is the adjustment's result
+    adjusted = re.search(r"logit adjustment: tau \S+, balanced accuracy \S+ -> (\S+) ", out).group(1)
+    chosen = re.search(r"chosen checkpoint on the validation set: accuracy (\S+), balanced accuracy (\S+)", out)
+    assert chosen.group(2) == adjusted and 0 <= float(chosen.group(1)) <= 1
     last = next((in_tmp / "checkpoints").rglob("last.ckpt"))
     assert "logit_adjustment" in load_checkpoint(last) and "calibration" in load_checkpoint(last)

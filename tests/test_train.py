@@ -391,3 +391,22 @@ def test_the_way_out_is_offered_past_an_hour():
         "about 56.2 h on this machine" in buffer.getvalue()
         and "; --budget 1h plans a run that fits; " in buffer.getvalue()
     )
+
+
+def test_runs_without_a_logger_keep_every_model_and_a_given_dirpath_is_honoured(in_tmp, capsys):
+    """Two `--trainer.logger false` runs used to write checkpoints/default/last.ckpt over each other, and
+    `--checkpoint.dirpath` / `--trainer.default_root_dir` were overwritten: each run now keeps its own files."""
+    quick = ["--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false", "--trainer.logger", "false"]
+    for _ in range(2):
+        train.main(["fit", "--config", SMOKE, *quick])
+    lasts = sorted(p.relative_to(in_tmp).as_posix() for p in in_tmp.glob("checkpoints/**/last.ckpt"))
+    assert lasts == ["checkpoints/default/version_0/last.ckpt", "checkpoints/default/version_1/last.ckpt"]
+    train.main(["fit", "--config", SMOKE, *quick, "--checkpoint.dirpath", "mine"])
+    assert any(p.name.startswith("best") for p in (in_tmp / "mine").glob("*.ckpt"))
+    train.main(["fit", "--config", SMOKE, *quick, "--trainer.default_root_dir", "elsewhere"])
+    assert list((in_tmp / "elsewhere" / "checkpoints" / "default" / "version_0").glob("last.ckpt"))
+
+
+def test_train_predict_is_refused_in_one_line_naming_vit_predict(in_tmp):
+    with pytest.raises(SystemExit, match="error: vit-train predict is not a command here: .*vit-predict --ckpt"):
+        train.main(["predict", "--config", SMOKE])

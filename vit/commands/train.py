@@ -192,10 +192,17 @@ class ViTCLI(LightningCLI):
         if self.trainer.strategy.root_device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 matmuls for fp32 on Ampere and newer
         logger = self.trainer.logger
-        run = f"{logger.name}/version_{logger.version}" if logger else "default"
-
+        # checkpoints/<run>/version_<n>/ beside logs/<run>/version_<n>/, under --trainer.default_root_dir when given;
+        # without a logger a version of its own (checkpoints/default/version_<n>), so that a second run never
+        # overwrites the first one's files; a dirpath you gave (--checkpoint.dirpath) is kept.
+        root = Path(self.trainer.default_root_dir)
+        if logger:
+            folder = root / "checkpoints" / logger.name / f"version_{logger.version}"
+        else:
+            folder = next_free_version(root / "checkpoints" / "default")
         for cb in self.trainer.checkpoint_callbacks:
-            cb.dirpath = str(Path("checkpoints", run).resolve())
+            if cb.dirpath is None:
+                cb.dirpath = str(folder.resolve())
         if config.get("find_label_issues"):
             self._find_label_issues(logger)
         if self._plan is not None:
@@ -311,18 +318,30 @@ class ViTCLI(LightningCLI):
             f"{best['ece']:.4f} on the validation set it was fitted on (vit-predict and vit-serve apply it; "
             "--raw-probs: without)"
         )
+        logits, targets = best["_logits"]
+        cm = confusion_matrix(logits, targets, dm.num_classes)
+        # both, whichever chose the checkpoint: what a long-tail rule traded is visible
+        recall = per_class_recall(cm)[cm.sum(1) > 0]
+        print(
+            f"chosen checkpoint on the validation set: accuracy {float(cm.diag().sum() / cm.sum()):.4f}, "
+            f"balanced accuracy {float(recall.mean()):.4f}"
+        )
         tb = next((lg for lg in self.trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
         if tb is None:
             return
         step, writer = self.trainer.global_step, tb.experiment
         for key in ("ece", "ece_uncalibrated", "temperature", "nll", "nll_uncalibrated"):
             writer.add_scalar(f"eval/{key}", best[key], step)
-        logits, targets = best["_logits"]
-        cm = confusion_matrix(logits, targets, dm.num_classes)
         writer.add_figure("eval/confusion_matrix", confusion_figure(cm, list(dm.class_names)), step)
         for name, recall in zip(dm.class_names, per_class_recall(cm).tolist()):
             writer.add_scalar(f"eval/acc_per_class/{name}", recall, step)
         writer.flush()
+
+
+def next_free_version(folder: Path) -> Path:
+    """folder/version_<n> for the first n after every existing version_* there."""
+    taken = [int(m.group(1)) for p in folder.glob("version_*") if (m := re.fullmatch(r"version_(\d+)", p.name))]
+    return folder / f"version_{max(taken, default=-1) + 1}"
 
 
 def local_processes(trainer) -> int:
@@ -418,6 +437,8 @@ def main(args: Sequence[str] | None = None) -> ViTCLI:
     """Parse, train (or validate/test), print where the checkpoints are. Errors end in one line and exit 1."""
     quiet_lightning()
     argv = normalize_args(sys.argv[1:] if args is None else args)
+    if argv[0] == "predict":  # Lightning's subcommand needs a predict_step and a predict loader, which we do not have
+        sys.exit("error: vit-train predict is not a command here: classify images with vit-predict --ckpt CKPT IMAGES")
     # `--help` shows each ViTConfig field's meaning: the docstring under its declaration in vit/model.py. Reading those
     # means parsing the source of every class on the command line (Trainer's too): 1.8 of the 2.5 s a parse took
     # (cProfile), so only when the help or a commented config is asked for.
