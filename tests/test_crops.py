@@ -67,3 +67,21 @@ def test_random_erasing_in_place_erases_the_same_boxes_as_a_copy():
     y = x.clone()
     out = C.random_erasing(y, 0.5, torch.Generator().manual_seed(1), inplace=True)
     assert out.data_ptr() == y.data_ptr() and torch.equal(y, copy)
+
+
+def test_quarter_turns_match_torch_rot90_image_by_image_and_draw_all_four():
+    x = _images(B=8, H=12, W=12)
+    k = torch.tensor([0, 1, 2, 3, 3, 2, 1, 0])
+    ours = C.quarter_turn(x, k)
+    for b in range(8):
+        assert torch.equal(ours[b], torch.rot90(x[b], int(k[b]), dims=(-2, -1)))
+    drawn = C.quarter_turn_params(4000, torch.Generator().manual_seed(0))
+    share = torch.bincount(drawn, minlength=4).float() / 4000
+    assert drawn.min() == 0 and drawn.max() == 3 and (share - 0.25).abs().max() < 0.03
+
+
+def test_quarter_turns_refuse_non_square_images():
+    import pytest
+
+    with pytest.raises(ValueError, match="square"):
+        C.quarter_turn(_images(B=2, H=8, W=12), torch.tensor([1, 2]))

@@ -182,3 +182,30 @@ def test_a_training_step_dispatches_as_many_operators_at_batch_8_as_at_64():
 
     n8, n64 = count(8), count(64)
     assert n8 == n64 and n8 > 500, (n8, n64)
+
+
+def test_quarter_turns_and_flips_give_each_image_one_of_its_eight_poses_all_of_them_drawn():
+    images, targets = _images(n=64)
+    targets = torch.arange(64)  # which image each output is
+    seen = set()
+    batches = DeviceBatches(images, targets, 64, MEAN, STD, train=True, hflip=True, rot90=True, drop_last=False)
+    for epoch in range(2):
+        batches.set_epoch(epoch)
+        for x, y in batches:
+            for img, i in zip(_raw(x), y.tolist()):
+                src = images[i].float()
+                poses = [torch.rot90(p, k, (-2, -1)) for p in (src, src.flip(-1)) for k in range(4)]
+                match = [j for j, p in enumerate(poses) if torch.equal(img, p)]
+                assert match, f"image {i} is none of its 8 poses"
+                seen.add(match[0])
+    assert seen == set(range(8))
+
+
+def test_the_torchvision_path_turns_the_same_way():
+    from vit.data import train_transform
+
+    img = torch.arange(3 * 6 * 6, dtype=torch.uint8).view(3, 6, 6)
+    tf = train_transform(6, MEAN, STD, crop_padding=0, hflip=False, rot90=True)
+    torch.manual_seed(0)
+    outs = {tuple(_raw(tf(img)).flatten().tolist()) for _ in range(40)}
+    assert outs == {tuple(torch.rot90(img.float(), k, (-2, -1)).flatten().tolist()) for k in range(4)}

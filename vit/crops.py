@@ -8,6 +8,7 @@ draw a whole epoch's parameters at once (vit/device_data.py):
     x = resized_crop(x_uint8, boxes, size)            # (B, C, H, W) -> (B, C, size, size)
     x = crop_flip(x_uint8, *crop_flip_params(B, 4, True, generator), padding=4)
     x = erase(x_float, random_erasing_boxes(B, H, W, 0.25, generator))   # after Normalize, value 0
+    x = quarter_turn(x_uint8, quarter_turn_params(B, generator))     # square images: 0-3 quarter turns each
 """
 
 import math
@@ -52,6 +53,26 @@ def crop_flip(x: torch.Tensor, oy: torch.Tensor, ox: torch.Tensor, flip: torch.T
 def random_crop_flip(x: torch.Tensor, padding: int, hflip: bool, generator: torch.Generator) -> torch.Tensor:
     """torchvision's RandomCrop(size, padding) then RandomHorizontalFlip() on each image of a batch."""
     return crop_flip(x, *crop_flip_params(x.shape[0], padding, hflip, generator, x.device), padding)
+
+
+def quarter_turn_params(B: int, generator: torch.Generator, device=None) -> torch.Tensor:
+    """Quarter turns for B images, (B,) int in 0..3, each equally likely (with a horizontal flip: the 8 symmetries of
+    the square, the dihedral group D4)."""
+    device = device or generator.device
+    return torch.randint(0, 4, (B,), generator=generator, device=generator.device).to(device)
+
+
+def quarter_turn(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Rotate each square image k[i] quarter turns anticlockwise, as torch.rot90(x[i], k[i], (-2, -1)):
+    (B, C, S, S) -> (B, C, S, S). The four turns of the whole batch are views (transpose and flips) picked per image by
+    torch.where: a fixed number of operations, no host read of k."""
+    if x.shape[-1] != x.shape[-2]:
+        raise ValueError(f"quarter turns need square images, got {x.shape[-2]}x{x.shape[-1]}")
+    k = k.view(-1, 1, 1, 1)
+    t = x.transpose(-2, -1)
+    out = torch.where(k == 1, t.flip(-2), x)  # rot90(x, 1) = flip rows of the transpose
+    out = torch.where(k == 2, x.flip(-2, -1), out)
+    return torch.where(k == 3, t.flip(-1), out)
 
 
 def random_resized_crop_boxes(

@@ -72,10 +72,12 @@ def train_transform(
     autoaugment_policy: v2.AutoAugmentPolicy = v2.AutoAugmentPolicy.IMAGENET,
     random_erasing: float = 0.0,
     crop_scale: tuple[float, float] = (0.35, 1.0),
+    rot90: bool = False,
 ) -> v2.Compose:
     """Training augmentation for a PIL image or a uint8 (C, H, W) tensor -> normalised float tensor. The reference
     that the batched in-memory path (vit.device_data, vit.augment) reproduces, drawing per image.
-    `random_resized_crop`: RandomResizedCrop of `crop_scale` of the area instead of the padded crop."""
+    `random_resized_crop`: RandomResizedCrop of `crop_scale` of the area instead of the padded crop; `rot90`: a random
+    quarter turn (with `hflip`: the 8 symmetries of the square)."""
     if random_resized_crop:
         ops = [v2.RandomResizedCrop(img_size, scale=tuple(crop_scale), antialias=True)]
     else:
@@ -85,7 +87,18 @@ def train_transform(
     if auto_augment != "none":
         ops.append(augment_policy(auto_augment, autoaugment_policy))
     tail = [v2.RandomErasing(random_erasing, value=0)] if random_erasing > 0 else []
-    return v2.Compose([*ops, v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std), *tail])
+    turn = [RandomQuarterTurn()] if rot90 else []
+    return v2.Compose(
+        [*ops, v2.ToImage(), *turn, v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std), *tail]
+    )
+
+
+class RandomQuarterTurn(torch.nn.Module):
+    """Turn a square (C, H, W) image tensor 0-3 quarter turns, each equally likely (torchvision has no such transform;
+    RandomRotation resamples). The reference of the in-memory path's vit.crops.quarter_turn."""
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        return torch.rot90(img, int(torch.randint(0, 4, ())), dims=(-2, -1))
 
 
 def check_crop_scale(crop_scale) -> tuple[float, float] | None:
@@ -153,6 +166,7 @@ class ImageClassificationData(L.LightningDataModule):
         self.memory: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         # augmentation of the in-memory path (vit.device_data), set by each DataModule
         self.crop_padding, self.hflip, self.rrc_scale, self.auto_augment, self.erasing = 0, False, None, None, 0.0
+        self.rot90 = False
 
     def _device_batches(self, split: str) -> DeviceBatches:
         trainer = self.trainer
@@ -171,6 +185,7 @@ class ImageClassificationData(L.LightningDataModule):
             train=split == "train",
             crop_padding=self.crop_padding,
             hflip=self.hflip,
+            rot90=self.rot90,
             rrc_scale=self.rrc_scale,
             auto_augment=self.auto_augment,
             erasing=self.erasing,
@@ -319,6 +334,7 @@ class CIFARDataModule(ImageClassificationData):
         img_size: int = 32,
         eval_batch_size: int | None = None,
         crop_scale: tuple[float, float] | None = None,
+        rot90: bool = False,
     ):
         super().__init__(batch_size, num_workers, in_memory, eval_batch_size)
         crop_scale = check_crop_scale(crop_scale)
@@ -344,12 +360,14 @@ class CIFARDataModule(ImageClassificationData):
             random_erasing=random_erasing,
             random_resized_crop=crop_scale is not None,
             crop_scale=crop_scale or (0.35, 1.0),
+            rot90=rot90,
         )
         if img_size != 32:
             self.train_tf = v2.Compose([self.train_tf, v2.Resize(img_size, antialias=True)])
         self.eval_tf = eval_transform(img_size, self.mean, self.std)
         self.crop_padding, self.hflip, self.erasing = crop_padding, hflip, random_erasing
         self.rrc_scale = crop_scale  # set: RandomResizedCrop instead of the padded crop (a planned recipe's)
+        self.rot90 = rot90
         self.auto_augment = batch_policy(auto_augment, "cifar10")
         # Find (or fetch) the files now, before a Trainer is built: a missing dataset is the run's first line. Under
         # a multi-process launch only local rank 0 fetches; the others wait in prepare_data's barrier.
@@ -444,6 +462,8 @@ class ImageFolderDataModule(ImageClassificationData):
         mean, std: normalisation; None: measured on the training images (decoded ones, or 500 of them when streaming).
         in_memory: force the path (True: in memory even over the budget; False: stream); None: by the budget.
         random_erasing: Random Erasing probability per image (after Normalize, value 0).
+        rot90: a random quarter turn of each training image (with hflip: the 8 symmetries of the square), for classes
+            that keep their label when turned (the planner tests the folder for it).
     """
 
     def __init__(
@@ -465,6 +485,7 @@ class ImageFolderDataModule(ImageClassificationData):
         in_memory: bool | None = None,
         max_memory_gb: float | None = None,
         eval_batch_size: int | None = None,
+        rot90: bool = False,
     ):
         super().__init__(batch_size, num_workers, eval_batch_size=eval_batch_size)
         self.check_images, self.strict = check_images, strict
@@ -502,10 +523,11 @@ class ImageFolderDataModule(ImageClassificationData):
             random_resized_crop=True,
             random_erasing=random_erasing,
             crop_scale=crop_scale,
+            rot90=rot90,
         )
         self.eval_tf = eval_transform(img_size, self.mean, self.std)
         # the in-memory path's augmentation: the same operations, drawn per image, on the whole batch
-        self.rrc_scale, self.hflip, self.erasing = tuple(crop_scale), hflip, random_erasing
+        self.rrc_scale, self.hflip, self.rot90, self.erasing = tuple(crop_scale), hflip, rot90, random_erasing
         self.auto_augment = batch_policy(auto_augment, "imagenet")
 
     def _samples(self, folder: Path) -> list[tuple[str, int]]:

@@ -147,7 +147,7 @@ class TorchvisionDataModule(ImageClassificationData):
             other sizes are resized (shorter side) and centre-cropped once, when decoded.
         to_rgb: replicate a grayscale dataset to 3 channels instead of training on 1.
         crop_padding, hflip, auto_augment, random_erasing: training augmentation (hflip off by default: digits and
-            text are not mirror-symmetric).
+            text are not mirror-symmetric); rot90: random quarter turns (square images).
         crop_scale: RandomResizedCrop of this share of the area instead of the padded crop (a planned recipe's).
     """
 
@@ -166,6 +166,7 @@ class TorchvisionDataModule(ImageClassificationData):
         autoaugment_policy: Literal["imagenet", "cifar10", "svhn"] = "imagenet",
         random_erasing: float = 0.0,
         crop_scale: tuple[float, float] | None = None,
+        rot90: bool = False,
     ):
         super().__init__(batch_size, num_workers=0, in_memory=True, eval_batch_size=eval_batch_size)
         self.rrc_scale = check_crop_scale(crop_scale)
@@ -187,7 +188,7 @@ class TorchvisionDataModule(ImageClassificationData):
         self.num_classes = len(classes)
         self.mean, self.std = self._stats(train_x)
         self.memory = {"train": (train_x, train_y), "val": (val_x, val_y)}
-        self.crop_padding, self.hflip, self.erasing = crop_padding, hflip, random_erasing
+        self.crop_padding, self.hflip, self.rot90, self.erasing = crop_padding, hflip, rot90, random_erasing
         self.auto_augment = batch_policy(auto_augment, autoaugment_policy)
         to_float = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)])
         self.train_set = TensorImageDataset(train_x, train_y, to_float)  # per-item views; the loaders use the tensors

@@ -3,8 +3,9 @@
 For data that fits in memory (digits, CIFAR, image folders) this replaces the DataLoader: no per-image PIL work, no
 worker processes and no per-image Python on the hot path. Augmentation semantics are those of the torchvision path
 (`vit.data.train_transform`), drawn per image (a whole epoch's choices at once) but applied to the whole batch
-(vit/crops.py, vit/augment.py): RandomResizedCrop or RandomCrop with zero padding, horizontal flip with p = 0.5, an
-AutoAugment-family policy, ToDtype(scale) and Normalize, Random Erasing. Mixup/CutMix stay in the LightningModule.
+(vit/crops.py, vit/augment.py): RandomResizedCrop or RandomCrop with zero padding, horizontal flip with p = 0.5, a
+random quarter turn, an AutoAugment-family policy, ToDtype(scale) and Normalize, Random Erasing. Mixup/CutMix stay in
+the LightningModule.
 
     batches = DeviceBatches(images_uint8, targets, batch_size=64, mean=m, std=s, train=True, crop_padding=4)
     for epoch in range(E):
@@ -18,7 +19,16 @@ import torch
 import torch.nn.functional as F
 
 from vit.augment import BatchAutoAugment
-from vit.crops import crop_flip, crop_flip_params, erase, random_erasing_boxes, random_resized_crop_boxes, resized_crop
+from vit.crops import (
+    crop_flip,
+    crop_flip_params,
+    erase,
+    quarter_turn,
+    quarter_turn_params,
+    random_erasing_boxes,
+    random_resized_crop_boxes,
+    resized_crop,
+)
 
 IGNORE = -100  # the target of an evaluation padding item: F.cross_entropy's and the metrics' ignore_index
 
@@ -30,7 +40,9 @@ class DeviceBatches:
         images: (N, C, H, W) uint8, already on the device to train on.
         train: shuffle (seeded by `seed` and the epoch) and augment; otherwise fixed order, no augmentation.
         rrc_scale: RandomResizedCrop's area range (e.g. (0.35, 1.0)) instead of the padded crop; None: off.
-        auto_augment: a batched policy (vit.augment.BatchAutoAugment), after crop and flip.
+        rot90: a random quarter turn of each image (square images) after crop and flip: with `hflip`, all 8
+            symmetries of the square, for classes that keep their label under them (solar cells, tiles, slides).
+        auto_augment: a batched policy (vit.augment.BatchAutoAugment), after crop, flip and turn.
         erasing: Random Erasing probability per image, after Normalize (value 0: the mean colour).
         out_size: upsample the batch to out_size x out_size (bilinear) after augmentation, e.g. CIFAR at 224 px
             for an ImageNet-pretrained ViT.
@@ -52,6 +64,7 @@ class DeviceBatches:
         train: bool,
         crop_padding: int = 0,
         hflip: bool = False,
+        rot90: bool = False,
         rrc_scale: tuple[float, float] | None = None,
         auto_augment: BatchAutoAugment | None = None,
         erasing: float = 0.0,
@@ -65,7 +78,7 @@ class DeviceBatches:
             raise ValueError(f"images must be a uint8 (N, C, H, W) tensor, got {images.dtype} {tuple(images.shape)}")
         self.images, self.targets = images, targets.to(images.device)
         self.batch_size, self.train = batch_size, train
-        self.crop_padding, self.hflip = crop_padding, hflip
+        self.crop_padding, self.hflip, self.rot90 = crop_padding, hflip, rot90
         self.rrc_scale, self.auto_augment, self.erasing = rrc_scale, auto_augment, erasing
         self.seed, self.rank, self.world_size, self.out_size = seed, rank, world_size, out_size
         self.per_rank = -(-len(images) // world_size)  # every rank's share, padded
@@ -123,6 +136,8 @@ class DeviceBatches:
             H = W  # the crop is resized to W x W
         if self.crop_padding > 0 or self.hflip:
             draws["crop"] = crop_flip_params(n, 0 if self.rrc_scale else self.crop_padding, self.hflip, g, device)
+        if self.rot90:
+            draws["turn"] = quarter_turn_params(n, g, device)
         if self.auto_augment is not None:
             draws["aug"] = self.auto_augment.draw(n, H, W, g, device)
         if self.erasing > 0:
@@ -151,6 +166,8 @@ class DeviceBatches:
                 x = resized_crop(x, d["rrc"], x.shape[-1])
             if "crop" in d:
                 x = crop_flip(x, *d["crop"], 0 if self.rrc_scale else self.crop_padding)
+            if "turn" in d:
+                x = quarter_turn(x, d["turn"])
             if "aug" in d:
                 x = self.auto_augment.apply(x, d["aug"])
             x = x.float().mul_(self.scale).add_(self.shift)  # a new tensor: safe to change in place from here

@@ -128,6 +128,7 @@ class StreamingDataModule(ImageClassificationData):
         cache_dir: local cache for remote chunks (litdata's default when None); max_cache_size caps it.
         trust_pickles: stream chunks whose items litdata stored as pickles (code run when read); refused otherwise.
         crop_scale, random_erasing: RandomResizedCrop's share of the area and Random Erasing's probability.
+        rot90: a random quarter turn of each training image (square images).
     """
 
     def __init__(
@@ -144,6 +145,7 @@ class StreamingDataModule(ImageClassificationData):
         trust_pickles: bool = False,
         crop_scale: tuple[float, float] = (0.35, 1.0),
         random_erasing: float = 0.0,
+        rot90: bool = False,
     ):
         super().__init__(batch_size, num_workers, eval_batch_size=eval_batch_size)
         crop_scale = check_crop_scale(crop_scale)
@@ -173,6 +175,7 @@ class StreamingDataModule(ImageClassificationData):
             random_resized_crop=True,
             crop_scale=crop_scale,
             random_erasing=random_erasing,
+            rot90=rot90,
         )
         self.eval_tf = eval_transform(img_size, self.mean, self.std)
         self._loaders: list = []  # the loaders handed out, whose workers teardown stops

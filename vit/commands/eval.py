@@ -38,6 +38,7 @@ from vit.evaluation import (
 )
 from vit.images import expand_inputs
 from vit.predict import ImageFiles, channel_stats, class_names, collate, normalize, pick_device
+from vit.tta import SymmetryTTA, tta_views
 
 
 class FileBatches:
@@ -196,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--top-losses", type=int, default=16, help="how many of the worst images to show (1-25)")
     ap.add_argument("--raw-probs", action="store_true", help="the softmax as it was, without the fitted temperature")
+    ap.add_argument(
+        "--tta",
+        action="store_true",
+        help="average the logits over the flips and quarter turns the model trained with (1 forward per view)",
+    )
     return ap
 
 
@@ -214,9 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     temperature = 1.0 if args.raw_probs else hparams.get("temperature", 1.0)
     device = pick_device(args.device)
     ckpt = load_checkpoint(args.ckpt)  # its records beside the weights: the training data, the label issues
+    scorer = SymmetryTTA(model, *tta_views(ckpt.get("data"))) if args.tta else model
     try:
         batches, ids_of, files, title = batches_for(args, ckpt, hparams, classes, device)
-        scored = score(model, progress(batches), device, temperature, worst=args.top_losses)
+        scored = score(scorer, progress(batches), device, temperature, worst=args.top_losses)
     except (DataError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
