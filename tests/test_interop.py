@@ -174,6 +174,17 @@ def test_init_from_a_different_architecture_is_one_clear_error(tmp_path):
         )
 
 
+def test_init_from_timm_weights_into_a_conv_stem_is_one_clear_error(tmp_path):
+    from vit.interop import load_timm_weights
+    from vit.model import VisionTransformer
+
+    src = timm.models.VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2)
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, tmp_path / "vit.safetensors")
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2, stem="conv")
+    with pytest.raises(InteropError, match="stem='conv'"):
+        load_timm_weights(model, str(tmp_path / "vit.safetensors"))
+
+
 def test_freeze_backbone_trains_only_the_head_first(tmp_path):
     import lightning as L
 
@@ -207,6 +218,7 @@ def test_variants_without_a_timm_counterpart_are_refused():
         {"mlp_layer": "swiglu"},
         {"kv_latent_dim": 8},
         {"moe_experts": 2},
+        {"stem": "conv"},
     ):
         with pytest.raises(InteropError, match="only the plain model converts"):
             to_timm(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, **cfg))

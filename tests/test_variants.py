@@ -72,6 +72,7 @@ VARIANT_MODELS = {
     "mla_gqa": dict(kv_latent_dim=8, num_kv_heads=2),
     "moe": dict(moe_experts=3, moe_top_k=2, moe_capacity_factor=0),
     "rope_abs_token": dict(rope=True, global_pool="token"),
+    "convstem": dict(stem="conv"),
 }
 
 
@@ -99,6 +100,28 @@ def test_fused_and_manual_paths_agree_and_maps_can_be_drawn(name):
     mask = model.attn_mask_for(((cfg["img_size"] // 8),) * 2, x.device)
     if mask is not None:
         assert (attns[0][:, :, ~mask] == 0).all()  # nothing leaks outside the pattern
+
+
+def test_conv_stem_matches_its_formula_and_keeps_the_token_grid():
+    model = VisionTransformer(**{**SMALL, "stem": "conv", "embed_dim": 64}).eval()
+    stem = model.patch_embed.stem
+    convs = [m for m in stem if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [16, 32, 64] and all(c.stride == (2, 2) for c in convs)  # patch 8
+    for m in stem:  # BatchNorm statistics other than the initial ones: the formula must use them
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1), m.running_var.uniform_(0.5, 2), m.weight.data.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 32, 32)
+    ref = x
+    for conv, bn in zip(convs, [m for m in stem if isinstance(m, torch.nn.BatchNorm2d)]):
+        ref = F.conv2d(ref, conv.weight, stride=2, padding=1)
+        ref = (ref - bn.running_mean[:, None, None]) / torch.sqrt(bn.running_var[:, None, None] + bn.eps)
+        ref = F.relu(ref * bn.weight[:, None, None] + bn.bias[:, None, None])
+    ref = F.conv2d(ref, model.patch_embed.proj.weight, model.patch_embed.proj.bias)  # 1x1 to embed_dim
+    tokens, grid = model.patch_embed(x)
+    assert grid == (4, 4) and tokens.shape == (2, 16, 64)
+    torch.testing.assert_close(tokens, ref.flatten(2).transpose(1, 2), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="stem='conv' needs a power-of-2 patch_size"):
+        ViTConfig(img_size=48, patch_size=12, stem="conv")
 
 
 def test_swiglu_keeps_the_parameter_count_and_matches_its_formula():

@@ -165,13 +165,15 @@ def from_timm(
 def load_timm_weights(model: VisionTransformer, source) -> None:
     """Load timm weights into a model built from a config of the same architecture, for fine-tuning: a new head
     when the classes differ; position embeddings (and the patch kernel) resampled to the model's sizes."""
+    if model.cfg.stem != "patch":
+        raise InteropError(f"init_from={source}: timm's ViT weights have a patchify layer, this model stem='conv'")
     sd = load_state_dict(source)
     blk = model.blocks[0]
     cfg = config_from_state_dict(sd, blk.attn.num_heads)
     ours = dict(
         embed_dim=model.embed_dim,
         depth=len(model.blocks),
-        in_chans=model.patch_embed.proj.in_channels,
+        in_chans=model.patch_embed.in_chans,
         global_pool=model.global_pool,
         qk_norm=not isinstance(blk.attn.q_norm, nn.Identity),
         qkv_bias=blk.attn.qkv.bias is not None,
@@ -207,17 +209,18 @@ def to_timm(model: VisionTransformer):
         or not isinstance(blk.mlp, Mlp)
         or model.use_rope
         or blk.attn.kv_latent_dim
+        or model.cfg.stem != "patch"
     ):
         raise InteropError(
             "timm's VisionTransformer has no grouped-query or latent attention, attention patterns, Post-Norm, "
-            "RoPE, SwiGLU or MoE here: only the plain model converts"
+            "RoPE, SwiGLU, MoE or convolutional stem here: only the plain model converts"
         )
     norm = blk.norm1
     norm_layer = nn.RMSNorm if isinstance(norm, nn.RMSNorm) else nn.LayerNorm
     out = timm.models.VisionTransformer(
         img_size=model.grid_size[0] * model.patch_embed.patch_size,
         patch_size=model.patch_embed.patch_size,
-        in_chans=model.patch_embed.proj.in_channels,
+        in_chans=model.patch_embed.in_chans,
         num_classes=model.num_classes,
         global_pool=model.global_pool,
         embed_dim=model.embed_dim,

@@ -30,6 +30,7 @@ PosEmbedName = Literal["learned", "sincos2d", "rope2d"]
 PoolName = Literal["avg", "token"]
 AttnPattern = Literal["global", "local", "dilated", "sparse"]
 MlpName = Literal["mlp", "swiglu"]
+StemName = Literal["patch", "conv"]
 NormPosition = Literal["pre", "post"]
 
 
@@ -117,6 +118,10 @@ class ViTConfig:
     """Tokens an expert takes, as a multiple of an even share; 0: no limit."""
     kv_latent_dim: int | None = None
     """Multi-head latent attention: keys and values from one shared latent of this width; null: plain attention."""
+    stem: StemName = "patch"
+    """patch: one strided convolution per patch (the ViT paper's patchify); conv: a convolutional stem (Xiao et al.
+    2021), log2(patch_size) 3x3 stride-2 convolutions with BatchNorm and ReLU, then a 1x1 one to embed_dim: the same
+    token grid, with locality and overlapping receptive fields that small data lacks. patch_size a power of 2."""
 
     def __post_init__(self) -> None:
         c = self
@@ -141,6 +146,7 @@ class ViTConfig:
             ("attn_pattern", AttnPattern),
             ("mlp_layer", MlpName),
             ("norm_position", NormPosition),
+            ("stem", StemName),
         ):
             if getattr(c, name) not in allowed.__args__:
                 raise ValueError(f"{name}={getattr(c, name)!r} is not one of {list(allowed.__args__)}")
@@ -174,6 +180,8 @@ class ViTConfig:
                 f"patch_drop_rate={c.patch_drop_rate} needs attn_pattern='global' and no RoPE: local patterns and "
                 "rotary embeddings follow the patch grid, which dropped tokens break"
             )
+        if c.stem == "conv" and (c.patch_size < 2 or c.patch_size & (c.patch_size - 1)):
+            raise ValueError(f"stem='conv' needs a power-of-2 patch_size (2, 4, 8, 16, ...), got {c.patch_size}")
         lat = c.kv_latent_dim
         if lat is not None and (not _is_int(lat) or lat < 1):
             raise ValueError(f"kv_latent_dim={lat!r} must be a positive integer, or null for plain attention")
@@ -196,19 +204,38 @@ class ViTConfig:
         return dataclasses.asdict(self)
 
 
-class PatchEmbed(nn.Module):
-    """Image to patch tokens with one strided convolution: (B, C, H, W) -> (B, N, D), N = (H/p) * (W/p)."""
+def conv_stem(in_chans: int, embed_dim: int, patch_size: int) -> nn.Sequential:
+    """Xiao et al. (2021)'s convolutional stem: n = log2(patch_size) 3x3 stride-2 convolutions, each followed by
+    BatchNorm and ReLU, widths embed_dim / 2^(n-1), ..., embed_dim / 2, embed_dim (at least 16, so that a long stem
+    in front of a narrow model keeps some channels at full resolution): (B, C, H, W) -> (B, D', H/p, W/p). Their ViT-S
+    stem (48, 96, 192, 384 for patch 16) is this rule at embed_dim 384."""
+    n = patch_size.bit_length() - 1
+    widths = [max(16, embed_dim >> (n - 1 - i)) for i in range(n)]
+    layers: list[nn.Module] = []
+    for c_in, c_out in zip([in_chans, *widths], widths):
+        layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()]
+    return nn.Sequential(*layers)
 
-    def __init__(self, patch_size: int, in_chans: int, embed_dim: int):
+
+class PatchEmbed(nn.Module):
+    """Image to patch tokens: (B, C, H, W) -> (B, N, D), N = (H/p) * (W/p). One strided convolution (`proj`), or with
+    `stem='conv'` a convolutional stem (`stem`) and a 1x1 convolution (`proj`) to the token width."""
+
+    def __init__(self, patch_size: int, in_chans: int, embed_dim: int, stem: str = "patch"):
         super().__init__()
-        self.patch_size = patch_size
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.patch_size, self.in_chans = patch_size, in_chans
+        if stem == "conv":
+            self.stem = conv_stem(in_chans, embed_dim, patch_size)
+            self.proj = nn.Conv2d(self.stem[-3].out_channels, embed_dim, kernel_size=1)
+        else:
+            self.stem = nn.Identity()
+            self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         H, W = x.shape[-2:]
         if H % self.patch_size or W % self.patch_size:
             raise ValueError(f"input size {H}x{W} is not divisible by patch_size={self.patch_size}")
-        x = self.proj(x)  # (B, D, H/p, W/p)
+        x = self.proj(self.stem(x))  # (B, D, H/p, W/p)
         grid = (x.shape[-2], x.shape[-1])
         return x.flatten(2).transpose(1, 2), grid  # (B, N, D)
 
@@ -368,7 +395,7 @@ class VisionTransformer(nn.Module):
         self.pos_embed_type = cfg.pos_embed
         norm = get_norm_layer(cfg.norm_layer)
 
-        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim)
+        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim, cfg.stem)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.global_pool == "token" else None
         num_patches = self.grid_size[0] * self.grid_size[1]
         self.use_rope = cfg.rope or cfg.pos_embed == "rope2d"
