@@ -191,3 +191,11 @@ def test_maps_of_a_model_compiled_in_place_run_eagerly():
         relevance(model, x)
     assert torch._dynamo.utils.counters["frames"]["total"] == frames  # no frame was handed to the compiler
     assert model._compiled_call_impl is compiled
+
+
+def test_tiles_grow_with_the_training_size_so_a_large_image_stays_readable():
+    cb = AttentionMapCallback()
+    assert [cb.tile_size(s) for s in (8, 32, 64, 128, 300)] == [64, 64, 128, 256, 256]
+    assert AttentionMapCallback(display_size=40).tile_size(128) == 40  # given: kept
+    with pytest.raises(ValueError, match="display_size=4 must be >= 8"):
+        AttentionMapCallback(display_size=4)

@@ -74,10 +74,11 @@ class AttentionMapCallback(L.Callback):
         self,
         every_n_epochs: int = 1,
         num_images: int = 8,
-        display_size: int = 64,
+        display_size: int | None = None,
         cmap: str = "inferno",
         faithfulness_images: int = 32,
     ):
+        """display_size: each image tile's side in pixels; null: twice the training size, 64-256 px."""
         super().__init__()
         self.faithfulness_images = faithfulness_images
         if every_n_epochs < 0:
@@ -85,10 +86,18 @@ class AttentionMapCallback(L.Callback):
         if num_images < 1:
             raise ValueError(f"num_images={num_images} must be >= 1")
         self.every_n_epochs, self.num_images = every_n_epochs, num_images
+        if display_size is not None and display_size < 8:
+            raise ValueError(f"display_size={display_size} must be >= 8 px (null: from the image size)")
         self.display_size, self.cmap = display_size, cmap
         self._images: torch.Tensor | None = None
         self._plot: MeanDistancePlot | None = None
         self._warned = False
+
+    def tile_size(self, img_size: int) -> int:
+        """Side of each image tile in pixels: `display_size`, or by default twice the training size between 64 and
+        256 px (a 32-px digit at 64 as before; a 64- or 128-px solar cell at 128 or 256, where a crack and the map
+        over it can be seen)."""
+        return self.display_size or min(256, max(64, 2 * img_size))
 
     def _tensorboard(self, trainer: L.Trainer) -> TensorBoardLogger | None:
         for logger in trainer.loggers:
@@ -132,7 +141,8 @@ class AttentionMapCallback(L.Callback):
         pl_module.eval()
         try:
             with eager(pl_module.model):
-                panels = attention_panels(pl_module.model, x, hp.mean, hp.std, self.display_size, cmap=self.cmap)
+                size = self.tile_size(pl_module.model.cfg.img_size)
+                panels = attention_panels(pl_module.model, x, hp.mean, hp.std, size, cmap=self.cmap)
                 self._log_maps(panels, pl_module, x, tb.experiment, trainer.global_step)
         finally:
             pl_module.train(was_training)
@@ -156,7 +166,7 @@ class AttentionMapCallback(L.Callback):
         y = self._labels[: len(x)].to(x.device)
         rel_pred, logits, _ = relevance(model, x)
         rel_true, _, _ = relevance(model, x, target=y)
-        images = _resize(denormalize(x.float(), hp.mean, hp.std).cpu(), self.display_size)
+        images = _resize(denormalize(x.float(), hp.mean, hp.std).cpu(), self.tile_size(model.cfg.img_size))
         wrong = (logits.argmax(-1) != y).cpu()
         true_row = torch.where(wrong[:, None, None, None], overlay_batch(images, rel_true, self.cmap), 1.0)
         rows = torch.cat([images, overlay_batch(images, rel_pred, self.cmap), true_row])
