@@ -5,7 +5,9 @@ python bench/budget_runs.py OUT.jsonl DATA [DATA ...] --repo . --budget 5min --s
 Each run is `python REPO/train.py fit --data.root DATA --budget B --seed_everything S [EXTRA]` in a fresh folder
 under OUT's folder; a row per run (data, seed, flags, wall seconds, the best score, epochs, the plan's token grid and
 model) is appended to OUT as soon as the run ends. `--repo` names the checkout whose code runs (an older commit's
-worktree gives the plan of that commit).
+worktree gives the plan of that commit). `--test DIR [DIR ...]`, one folder per DATA (bench/cv_folds.py's test{k}
+beside fold{k}): `vit-eval` scores the run's chosen checkpoint on it (images no part of the run saw), and the row gets
+its accuracy and balanced accuracy.
 """
 
 import argparse
@@ -28,10 +30,13 @@ def main() -> None:
     p.add_argument("--budget", default="5min")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--source", default="--data.root", help="the flag that names the data (or '--config')")
+    p.add_argument("--test", nargs="+", default=[], help="a held-out folder per DATA, scored by vit-eval")
     a = p.parse_args(argv)
+    if a.test and len(a.test) != len(a.data):
+        p.error(f"--test names {len(a.test)} folder(s) for {len(a.data)} DATA")
     out = Path(a.out).resolve()
     repo = Path(a.repo).resolve()
-    for data in a.data:
+    for k, data in enumerate(a.data):
         for seed in a.seeds:
             run_dir = out.parent / f"{Path(data).name}_{a.budget}_s{seed}_{int(time.time())}"
             run_dir.mkdir(parents=True)
@@ -63,9 +68,28 @@ def main() -> None:
                 "model": [int(m) for m in model.groups()] if model else None,
                 "log": str(run_dir / "log.txt"),
             }
+            ckpt = re.findall(r"checkpoint: (\S+)", log)
+            if a.test and ckpt:
+                row["test"] = held_out_score(repo, run_dir, ckpt[-1], a.test[k])
+                row["test_tta"] = held_out_score(repo, run_dir, ckpt[-1], a.test[k], "--tta")
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
+
+
+def held_out_score(repo: Path, run_dir: Path, ckpt: str, test: str, *flags: str) -> dict:
+    """vit-eval of the chosen checkpoint on a held-out folder (with `flags`, e.g. --tta): accuracy, balanced
+    accuracy, images."""
+    ckpt_path = Path(ckpt) if Path(ckpt).is_absolute() else run_dir / ckpt
+    out = run_dir / ("eval" + "".join(f.strip("-") for f in flags))
+    cmd = [sys.executable, "-m", "vit.commands.eval", "--ckpt", str(ckpt_path), str(Path(test).resolve()), *flags]
+    cmd += ["--out", str(out)]
+    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True)
+    (out.parent / f"{out.name}.txt").write_text(proc.stdout + proc.stderr)
+    if proc.returncode:
+        return {"rc": proc.returncode}
+    m = json.loads((out / "metrics.json").read_text())
+    return {k: m.get(k) for k in ("top1", "balanced_accuracy", "n")}
 
 
 if __name__ == "__main__":

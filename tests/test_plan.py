@@ -178,6 +178,29 @@ def test_mirror_symmetry_tells_handed_classes_from_mirror_symmetric_ones():
     assert mirror_symmetry(handed, labels) < 0.3
 
 
+def test_turn_symmetry_tells_classes_that_keep_under_quarter_turns_from_upright_ones():
+    g = torch.Generator().manual_seed(0)
+    base = torch.rand(4, 16, 16, generator=g)
+    # the mean of the four turns of a pattern is the same pattern turned: a class that any turn leaves in itself
+    turned = torch.stack([sum(torch.rot90(base[c], k, (-2, -1)) for k in range(4)) / 4 for c in range(4)])
+    # a mirror-symmetric but upright pattern (a shirt): flips keep it, turns do not
+    upright = (base + base.flip(-1)) / 2
+    labels = [c for c in range(4) for _ in range(5)]
+    as_images = lambda t: [(t[c] * 255).to(torch.uint8).expand(3, -1, -1) for c in range(4) for _ in range(5)]  # noqa
+    assert mirror_symmetry(as_images(turned), labels, turn=True) > 0.99
+    assert mirror_symmetry(as_images(upright), labels) > 0.99
+    assert mirror_symmetry(as_images(upright), labels, turn=True) < 0.3
+
+
+def test_turns_are_planned_only_for_classes_that_keep_under_them():
+    upright = fp(8000, side=28, symmetry=0.49)
+    turnable = fp(1500, classes=2, side=300, symmetry=0.99)
+    turnable.turn_symmetry = 0.98
+    assert plan(upright)["data.init_args.rot90"] is False
+    p = plan(turnable)
+    assert p["data.init_args.rot90"] is True and p["data.init_args.hflip"] is True
+
+
 class FakeTrainer:
     """What FitBudget reads and writes of a Trainer: 10 steps per epoch, a LambdaLR over two parameter groups."""
 
@@ -508,3 +531,19 @@ def test_a_long_tailed_folder_gets_balanced_checkpoints_and_post_hoc_adjustment_
     )
     nearly = replace(balanced, class_counts=[1500] * 9 + [900])  # balance 0.6: not a long tail
     assert "model.posthoc_logit_adjust" not in plan(nearly, budget=300)
+
+
+def test_photos_get_a_conv_stem_and_a_grid_that_a_busy_machine_cannot_flip():
+    """300-px cells planned on a quiet machine got 128 px / patch 16, with one other process running 32 px / patch 8
+    (a ~50% slower calibration): for photos the side and grid are a rule of the fingerprint, not of the timing."""
+    from vit.plan import PHOTO_GRID
+
+    cells = fp(1181, n_val=295, classes=2, side=300, symmetry=0.98, gray=1.0)
+    busy = lambda archs, batch, precision="32-true": [s / 2 for s in speeds_like_2_cores(archs, batch, precision)]  # noqa
+    for budget in (300, 900):
+        quiet, loaded = plan(cells, budget=budget), plan(cells, budget=budget, speed=busy)
+        for p in (quiet, loaded):
+            assert (p["data.init_args.img_size"], p["model.arch.patch_size"]) == PHOTO_GRID
+            assert p["model.arch.stem"] == "conv"
+    assert plan(fp(8000, side=28, symmetry=0.49), budget=300)["model.arch.stem"] == "patch"  # digits: as measured
+    assert plan(fp(20000, side=64, symmetry=0.49), budget=300)["model.arch.stem"] == "patch"

@@ -84,6 +84,17 @@ MEASURED = {
 # at 16 tokens against 95.90-97.80% at 64; 64-px Fashion-MNIST 20k, 89.58-89.64% against 83.22-83.52%
 # (docs/recipes.md, "tokens by budget"). At 28 px, 49 tokens reached 95.8% against 16 tokens' 97.80-98.25%.
 SIDES = [16, 24, 32, 48, 64, 96, 128]
+# Photos: a median short side of PHOTO_SIDE px or more (no set the rules above were measured on comes near: they stop
+# at 64 px) trains at PHOTO_GRID's (img_size, patch) behind a convolutional stem (ViTConfig.stem = "conv"), whatever
+# the budget. 300-px solar cells, 5 min, fold 0: docs/recipes.md, "Real photos".
+PHOTO_SIDE = 128
+PHOTO_GRID = (64, 16)
+# Photos learn at a quarter of the digits' learning rate: on the cells 2e-3 left the training accuracy at 0.81 and the
+# balanced accuracy at 67.0% (fold 0), 5e-4 reached 0.85 and 74.4% (docs/recipes.md, "Real photos").
+PHOTO_LR = 5e-4
+# ... and may take 4x the tier's wanted epochs (digits: 2x, where 120 epochs saturated at 99.4-99.7%): at 120 epochs
+# the cells' training accuracy was still 0.81-0.85 under 8 poses of each image.
+PHOTO_EPOCH_CAP = 4
 OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon + AdamW"}
 # PatchDropout stops after this share of the epochs: the second half sees every token, as evaluation does. The plan's
 # epochs are counted at full tokens; FitBudget adds the epochs that the faster early ones leave room for.
@@ -95,6 +106,10 @@ WEIGHT_DECAY = 0.05
 # with their own mirror images above this. MNIST measures 0.49, the digits folder 0.32, and flips cost MNIST 2.5
 # points (95.45%); classes of natural photos average left- and right-facing views: near 1 (not measured here).
 FLIP_SYMMETRY = 0.6
+# Random quarter turns (with flips: the 8 symmetries of the square) when the class means correlate with their own
+# quarter turns above this: the solar cells (ELPV) measure 0.96-0.99, MNIST 0.21, the digits folder 0.06,
+# Fashion-MNIST 0.20 (a shirt has an up). docs/recipes.md, "Real photos".
+TURN_SYMMETRY = 0.6
 # Wall time besides the epochs: Lightning's start-up, sanity check, the last checkpoint and teardown (CPU, digits and
 # MNIST folders: 4-7 s); and a real epoch over the timed model steps (augmentation, metrics, logging). 1.2 made MNIST
 # epochs 15-25% pessimistic (7.6 s planned, 6.4 s run); FitBudget (vit/planned_run.py) corrects it inside warmup.
@@ -124,6 +139,7 @@ class Fingerprint:
     mirror_symmetry: float  # see FLIP_SYMMETRY
     decode_s: float  # measured seconds to decode the whole set once at start (threads); 0: held as arrays, streamed
     in_chans: int = 3  # channels the model trains on (1: a grayscale torchvision set)
+    turn_symmetry: float = 0.0  # the same for a quarter turn: see TURN_SYMMETRY
 
     @property
     def num_classes(self) -> int:
@@ -243,15 +259,19 @@ def fingerprint(
         max_side=sides[-1],
         grayscale=sum(gray for *_, gray in headers) / len(headers),
         mirror_symmetry=mirror_symmetry(images, labels),
+        turn_symmetry=mirror_symmetry(images, labels, turn=True),
         decode_s=per_image * (src.n_train + src.n_val) if src.decodes else 0.0,
         in_chans=src.in_chans,
     )
 
 
-def mirror_symmetry(images: list[torch.Tensor | None], labels: list[int]) -> float:
+def mirror_symmetry(images: list[torch.Tensor | None], labels: list[int], turn: bool = False) -> float:
     """How much the classes look like their own mirror images: the class means minus the overall mean, d_c, against
     their left-right flips: sum_c <d_c, flip(d_c)> / sum_c |d_c|^2, in [-1, 1]. 1: every class is mirror-symmetric
-    on average (flipping an image keeps it in its class); near 0 or below: the classes have a handedness."""
+    on average (flipping an image keeps it in its class); near 0 or below: the classes have a handedness. `turn`: the
+    same against a quarter turn of d_c (what tells a solar cell or a tile, whose classes keep under turns, from a
+    digit or a photo with an up). What the classes share (a cell's busbars, a photo's sky) is in the overall mean and
+    cancels."""
     kept = [(img.float().mean(0), t) for img, t in zip(images, labels) if img is not None]
     if len(kept) < 2:
         return 1.0
@@ -261,7 +281,7 @@ def mirror_symmetry(images: list[torch.Tensor | None], labels: list[int]) -> flo
     num = den = 0.0
     for c in y.unique():
         d = x[y == c].mean(0) - overall
-        num += float((d * d.flip(-1)).sum())
+        num += float((d * (torch.rot90(d, 1, (-2, -1)) if turn else d.flip(-1))).sum())
         den += float((d * d).sum())
     return num / den if den > 0 else 1.0
 
@@ -364,13 +384,20 @@ def make_plan(
         batch = max(batch, 256)  # a GPU wants bigger batches; under 30k images they would leave too few steps
     batch = max(1, min(batch, fp.n_train // 8))  # at least 8 steps per epoch on tiny data
     hflip = fp.mirror_symmetry >= FLIP_SYMMETRY
+    rot90 = fp.turn_symmetry >= TURN_SYMMETRY
     speed_fn = speed_fn or (lambda a, b, precision="32-true": calibrate(a, b, machine.device, precision, optimizer))
+
+    photo = fp.median_side >= PHOTO_SIDE
+    stem = "conv" if photo else "patch"
+    lr = PHOTO_LR if photo else LR
+    most = (PHOTO_EPOCH_CAP if photo else 2) * want  # the most epochs a budget may buy
 
     def candidates(img_size: int, patch: int) -> list[ViTConfig]:
         return [
             ViTConfig(
                 img_size=img_size,
                 patch_size=patch,
+                stem=stem,
                 in_chans=fp.in_chans,
                 num_classes=fp.num_classes,
                 embed_dim=w,
@@ -385,7 +412,13 @@ def make_plan(
         return (fp.n_train / speed) * EPOCH_OVERHEAD + fp.n_val / (3 * speed)
 
     few, full = token_grids(fp.median_side)
-    if budget_s is None:
+    if photo:
+        # Images far larger than any grid a CPU can afford: a fixed side and grid behind a convolutional stem, with
+        # or without a budget (no timing decides it, so a busy machine cannot flip it) (docs/recipes.md, "Real
+        # photos": 300-px solar cells).
+        img_size, patch = PHOTO_GRID
+        why_grid = f"images of {fp.median_side} px >= {PHOTO_SIDE}: a convolutional stem to a 4x4 grid at {img_size} px"
+    elif budget_s is None:
         img_size, patch = resolution(fp.median_side, machine.device)
         why_grid = "no --budget: a 4x4 grid up to 32 px on a CPU, else 8x8"
     else:
@@ -422,9 +455,9 @@ def make_plan(
             if spare / epoch_seconds(speeds[i]) >= min_epochs:
                 choice = i
                 break
-        epochs = int(max(1, min(2 * want, spare // epoch_seconds(speeds[choice]))))
+        epochs = int(max(1, min(most, spare // epoch_seconds(speeds[choice]))))
         why_model = f"largest of {len(archs)} candidates with >= {min_epochs} epochs in the budget"
-        why_epochs = f"as many as fit in the {budget_s:.0f} s budget (at most {2 * want})"
+        why_epochs = f"as many as fit in the {budget_s:.0f} s budget (at most {most})"
     else:
         choice, epochs = max_model, want
         why_model = f"largest candidate for {fp.n_train} training images"
@@ -439,7 +472,7 @@ def make_plan(
     if precision == "bf16-mixed":
         speeds = [*speeds[:choice], bf16, *speeds[choice + 1 :]]
         if spare is not None:
-            epochs = int(max(1, min(2 * want, spare // epoch_seconds(bf16))))
+            epochs = int(max(1, min(most, spare // epoch_seconds(bf16))))
     w, d, h = MODELS[choice]
     epoch_s = epoch_seconds(speeds[choice])
     warmup = warmup_epochs(epochs)
@@ -451,15 +484,17 @@ def make_plan(
         "data.init_args.batch_size": batch,
         "data.init_args.eval_batch_size": max(batch, 256),
         "data.init_args.hflip": hflip,
+        "data.init_args.rot90": rot90,
         "data.init_args.crop_scale": list(crop_scale),
         "data.init_args.auto_augment": "trivialaugment" if trivial and fp.grayscale < 0.5 else "none",
         "data.init_args.random_erasing": erasing,
         "model.arch.patch_size": patch,
+        "model.arch.stem": stem,
         "model.arch.embed_dim": w,
         "model.arch.depth": d,
         "model.arch.num_heads": h,
         "model.arch.drop_path_rate": drop_path,
-        "model.lr": LR,
+        "model.lr": lr,
         "model.optimizer": optimizer,
         "model.arch.patch_drop_rate": patch_drop,
         "model.patch_drop_until": PATCH_DROP_UNTIL if patch_drop else 1.0,
@@ -477,7 +512,11 @@ def make_plan(
     rows = [
         ("data", f"{fp.n_train} train / {fp.n_val} val, {fp.num_classes} classes", f"class balance {fp.balance:.2f}"),
         ("image sides", f"median {fp.median_side} px", f"{fp.min_side}-{fp.max_side} px, {gray}"),
-        ("mirror symmetry", f"{fp.mirror_symmetry:.2f}", f"flips when >= {FLIP_SYMMETRY}"),
+        (
+            "symmetry",
+            f"mirror {fp.mirror_symmetry:.2f}, quarter turn {fp.turn_symmetry:.2f}",
+            f"flips when >= {FLIP_SYMMETRY}, turns when >= {TURN_SYMMETRY}",
+        ),
         ("machine", str(machine), f"decode ~{fp.decode_s:.0f} s"),
         ("speed (img/s)", speed_text, f"training steps at batch {batch}, fp32, {OPTIMIZER_NAMES[optimizer]}"),
         (
@@ -488,10 +527,11 @@ def make_plan(
         ("img_size, patch", f"{img_size}, {patch}", f"{(img_size // patch) ** 2} tokens: {why_grid}"),
         ("model", f"{w} wide, {d} blocks, {h} heads", why_model),
         ("epochs", str(epochs), why_epochs + f"; ~{epoch_s:.1f} s each"),
-        ("batch, lr, warmup", f"{batch}, {LR:g}, {warmup} ep", f"{OPTIMIZER_NAMES[optimizer]}, cosine to 1%"),
+        ("batch, lr, warmup", f"{batch}, {lr:g}, {warmup} ep", f"{OPTIMIZER_NAMES[optimizer]}, cosine to 1%"),
         (
             "augmentation",
-            f"crop {crop_scale[0]:g}-1, flip {'on' if hflip else 'off'}, {overrides['data.init_args.auto_augment']}"
+            f"crop {crop_scale[0]:g}-1, flip {'on' if hflip else 'off'}, turns {'on' if rot90 else 'off'}, "
+            f"{overrides['data.init_args.auto_augment']}"
             + (f", erasing {erasing:g}" if erasing else "")
             + (", mixup/cutmix" if mixup else ""),
             f"for {fp.n_train} images",
@@ -530,4 +570,4 @@ def make_plan(
         rows.append(("measured", "this tier: not measured (no set of this size here)", "docs/recipes.md"))
     if machine.device == "cuda":  # every rule was measured on 2 CPU cores; a GPU's side of them is as written
         rows.append(("on a GPU", "rules as written, not measured on one (batch 256 from 30,000 images)", ""))
-    return Plan(overrides=overrides, rows=rows, estimate_s=estimate, epoch_s=epoch_s, cap=2 * want)
+    return Plan(overrides=overrides, rows=rows, estimate_s=estimate, epoch_s=epoch_s, cap=most)
