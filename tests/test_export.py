@@ -12,7 +12,9 @@ from vit.export import export
 from vit.model import VisionTransformer
 
 
-@pytest.mark.parametrize("cfg", [{}, {"global_pool": "token", "pos_embed": "sincos2d"}], ids=["avg", "token"])
+@pytest.mark.parametrize(
+    "cfg", [{}, {"global_pool": "token", "pos_embed": "sincos2d"}, {"stem": "conv"}], ids=["avg", "token", "convstem"]
+)
 def test_onnx_logits_match_pytorch_with_a_dynamic_batch(cfg, tmp_path):
     model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, **cfg)
     path = export(model, "onnx", tmp_path / "m.onnx", img_size=32)

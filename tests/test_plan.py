@@ -547,3 +547,26 @@ def test_photos_get_a_conv_stem_and_a_grid_that_a_busy_machine_cannot_flip():
             assert p["model.arch.stem"] == "conv"
     assert plan(fp(8000, side=28, symmetry=0.49), budget=300)["model.arch.stem"] == "patch"  # digits: as measured
     assert plan(fp(20000, side=64, symmetry=0.49), budget=300)["model.arch.stem"] == "patch"
+
+
+@pytest.mark.parametrize(
+    "name, f",
+    [
+        ("digits folder", fp(1437, n_val=360, side=24, symmetry=0.32)),
+        ("MNIST 8k", fp(8000, n_val=2000, side=28, symmetry=0.49)),
+        ("Fashion-MNIST 50k", fp(50000, n_val=10000, side=28, symmetry=0.76)),
+    ],
+)
+def test_the_sets_the_old_rules_were_measured_on_keep_their_recipe(name, f):
+    """The photo rules (turns, conv stem, lr, epoch cap) must leave the measured small-image plans as they were: their
+    turn symmetry (digits 0.06, MNIST 0.21, Fashion-MNIST -0.04) is far below TURN_SYMMETRY and their side below
+    PHOTO_SIDE."""
+    from vit.plan import LR, PHOTO_SIDE, TURN_SYMMETRY
+
+    f.turn_symmetry = 0.21
+    assert f.turn_symmetry < TURN_SYMMETRY and f.median_side < PHOTO_SIDE
+    for budget in (None, 300, 900):
+        p = make_plan(f, CPU2, budget_s=budget, elapsed_s=3.0, speed_fn=speeds_like_2_cores)
+        o = p.overrides
+        assert o["data.init_args.rot90"] is False and o["model.arch.stem"] == "patch" and o["model.lr"] == LR, name
+        assert p.cap == 2 * (60 if f.n_train <= 3000 else 40 if f.n_train <= 30000 else 50)
