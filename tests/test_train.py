@@ -401,10 +401,10 @@ def test_runs_without_a_logger_keep_every_model_and_a_given_dirpath_is_honoured(
         train.main(["fit", "--config", SMOKE, *quick])
     lasts = sorted(p.relative_to(in_tmp).as_posix() for p in in_tmp.glob("checkpoints/**/last.ckpt"))
     assert lasts == ["checkpoints/default/version_0/last.ckpt", "checkpoints/default/version_1/last.ckpt"]
-    train.main(["fit", "--config", SMOKE, *quick, "--checkpoint.dirpath", "mine"])
-    assert any(p.name.startswith("best") for p in (in_tmp / "mine").glob("*.ckpt"))
-    train.main(["fit", "--config", SMOKE, *quick, "--trainer.default_root_dir", "elsewhere"])
-    assert list((in_tmp / "elsewhere" / "checkpoints" / "default" / "version_0").glob("last.ckpt"))
+    mine = ["--checkpoint.dirpath", "mine", "--trainer.default_root_dir", "elsewhere"]
+    train.main(["fit", "--config", SMOKE, *quick, *mine])
+    assert any(p.name.startswith("best") for p in (in_tmp / "mine").glob("*.ckpt"))  # the dirpath given
+    assert list((in_tmp / "elsewhere" / "checkpoints" / "default" / "version_0").glob("last.ckpt"))  # the root given
 
 
 def test_train_predict_is_refused_in_one_line_naming_vit_predict(in_tmp):
