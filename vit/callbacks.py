@@ -95,7 +95,7 @@ class AttentionMapCallback(L.Callback):
 
     def tile_size(self, img_size: int) -> int:
         """Side of each image tile in pixels: `display_size`, or by default twice the training size between 64 and
-        256 px (a 32-px digit at 64 as before; a 64- or 128-px solar cell at 128 or 256, where a crack and the map
+        256 px (a 32-px image at 64 as before; a 64- or 128-px photo at 128 or 256, where a thin defect and the map
         over it can be seen)."""
         return self.display_size or min(256, max(64, 2 * img_size))
 

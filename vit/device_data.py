@@ -41,7 +41,7 @@ class DeviceBatches:
         train: shuffle (seeded by `seed` and the epoch) and augment; otherwise fixed order, no augmentation.
         rrc_scale: RandomResizedCrop's area range (e.g. (0.35, 1.0)) instead of the padded crop; None: off.
         rot90: a random quarter turn of each image (square images) after crop and flip: with `hflip`, all 8
-            symmetries of the square, for classes that keep their label under them (solar cells, tiles, slides).
+            symmetries of the square, for classes that keep their label under them (tiles, slides, textures).
         auto_augment: a batched policy (vit.augment.BatchAutoAugment), after crop, flip and turn.
         erasing: Random Erasing probability per image, after Normalize (value 0: the mean colour).
         out_size: upsample the batch to out_size x out_size (bilinear) after augmentation, e.g. CIFAR at 224 px

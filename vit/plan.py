@@ -269,8 +269,8 @@ def mirror_symmetry(images: list[torch.Tensor | None], labels: list[int], turn: 
     """How much the classes look like their own mirror images: the class means minus the overall mean, d_c, against
     their left-right flips: sum_c <d_c, flip(d_c)> / sum_c |d_c|^2, in [-1, 1]. 1: every class is mirror-symmetric
     on average (flipping an image keeps it in its class); near 0 or below: the classes have a handedness. `turn`: the
-    same against a quarter turn of d_c (what tells a solar cell or a tile, whose classes keep under turns, from a
-    digit or a photo with an up). What the classes share (a cell's busbars, a photo's sky) is in the overall mean and
+    same against a quarter turn of d_c (what tells a tile or a slide, whose classes keep under turns, from a digit or
+    a photo with an up). What the classes share (grid lines every image has, a photo's sky) is in the overall mean and
     cancels."""
     kept = [(img.float().mean(0), t) for img, t in zip(images, labels) if img is not None]
     if len(kept) < 2:
