@@ -570,3 +570,11 @@ def test_the_sets_the_old_rules_were_measured_on_keep_their_recipe(name, f):
         o = p.overrides
         assert o["data.init_args.rot90"] is False and o["model.arch.stem"] == "patch" and o["model.lr"] == LR, name
         assert p.cap == 2 * (60 if f.n_train <= 3000 else 40 if f.n_train <= 30000 else 50)
+
+
+def test_a_photo_plan_shows_what_photos_reached_not_the_digits_of_its_tier():
+    from vit.plan import MEASURED_PHOTOS
+
+    cells = fp(1181, n_val=295, classes=2, side=300, symmetry=0.98)
+    rows = {r[0]: r[1:] for r in make_plan(cells, CPU2, 900, 3.0, speeds_like_2_cores).rows}
+    assert MEASURED_PHOTOS in rows["measured"][0] and "digits" not in rows["measured"][0]
