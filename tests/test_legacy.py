@@ -1,0 +1,61 @@
+"""Checkpoints, ONNX exports and plan.yaml files written by an older main (tests/legacy/, made before the package
+was split into subpackages) still load and give the same answers."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, fit_in
+
+LEGACY = Path(ROOT) / "tests" / "legacy"
+EXPECTED = json.loads((LEGACY / "expected.json").read_text())
+
+
+def fixed_input(in_chans: int, img_size: int) -> torch.Tensor:
+    return torch.linspace(-2, 2, 2 * in_chans * img_size * img_size).reshape(2, in_chans, img_size, img_size)
+
+
+def test_old_checkpoint_gives_the_same_logits():
+    from vit.checkpoint import load_model
+
+    model, _ = load_model(LEGACY / "model.ckpt")
+    side = json.loads((LEGACY / "model.onnx.json").read_text())  # img_size, in_chans
+    with torch.no_grad():
+        logits = model.eval()(fixed_input(side["in_chans"], side["img_size"]))
+    torch.testing.assert_close(logits, torch.tensor(EXPECTED["logits"]), atol=1e-6, rtol=0)
+
+
+def test_old_onnx_export_gives_the_same_logits():
+    ort = pytest.importorskip("onnxruntime")
+    side = json.loads((LEGACY / "model.onnx.json").read_text())
+    session = ort.InferenceSession(str(LEGACY / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = fixed_input(side["in_chans"], side["img_size"]).numpy()
+    np.testing.assert_allclose(session.run(None, {side["input"]: x})[0], EXPECTED["logits"], atol=1e-6)
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_old_checkpoint_predicts_the_same(raw):
+    cmd = [sys.executable, str(Path(ROOT) / "predict.py"), "--ckpt", str(LEGACY / "model.ckpt"), "--format", "json"]
+    cmd += ["--topk", "2", str(LEGACY / "images")] + (["--raw-probs"] if raw else [])
+    got = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    for row in got:
+        row["path"] = Path(row["path"]).name
+    assert got == EXPECTED["predict_json_raw_probs" if raw else "predict_json"]
+
+
+def test_old_plan_yaml_repeats_its_run(tmp_path):
+    for cls in ("across", "down"):  # the plan's folder: its classes, 8 images each (any images do)
+        (tmp_path / "folder" / cls).mkdir(parents=True)
+        for i in range(8):
+            image = LEGACY / "images" / ("across00.png" if i % 2 else "down05.png")
+            shutil.copy(image, tmp_path / "folder" / cls / f"{i}.png")
+    args = ["fit", "--config", str(LEGACY / "plan.yaml"), "--data.init_args.root", str(tmp_path / "folder")]
+    cli = fit_in(tmp_path, args + ["--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false"])
+    assert type(cli.datamodule).__name__ == "ImageFolderDataModule"
+    assert cli.model.hparams.arch["embed_dim"] == 16 and cli.trainer.current_epoch == 1
+    assert list((tmp_path / "checkpoints").rglob("last.ckpt"))
