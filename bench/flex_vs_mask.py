@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from vit.layers import attention_pattern_mask  # noqa: E402
+from vit.model.layers import attention_pattern_mask  # noqa: E402
 
 
 def main() -> None:

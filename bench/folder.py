@@ -27,8 +27,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train  # noqa: E402
-from vit.data import ImageFolderDataModule  # noqa: E402
-from vit.model import VisionTransformer  # noqa: E402
+from vit.data.folder import ImageFolderDataModule
+from vit.model.vision_transformer import VisionTransformer
 
 MODEL = dict(embed_dim=128, depth=4, num_heads=4, patch_size=4)  # the issue's small model at the images' own 28 px
 

@@ -8,8 +8,8 @@ a run cut short keeps what it got.
 Rows:
 - `sync`: real Lightning training steps (fused AdamW, Muon, clipping, the non-finite guard) under
   `torch.cuda.set_sync_debug_mode("error")` from the start of each batch to its end: any synchronising call raises.
-- `sdpa_kernel`: the kernel the real `vit.model.Attention` runs under bf16 autocast, read from torch.profiler's
-  trace of a forward (flash, memory-efficient, cuDNN or math), not forced.
+- `sdpa_kernel`: the kernel the real `vit.model.vision_transformer.Attention` runs under bf16 autocast, read from
+torch.profiler's trace of a forward (flash, memory-efficient, cuDNN or math), not forced.
 - `throughput`: training images/s and model FLOP utilisation (the step's FLOPs counted by FlopCounterMode over the
   time, against a large matmul's FLOP/s measured in the same process) of configs/cifar10.yaml's model, batch
   128-512, fp32 (TF32 off: true fp32) and bf16 autocast, eager and compiled.
@@ -53,8 +53,8 @@ def sync(device: torch.device) -> None:
 def case_sync(rows: Rows, device: torch.device, quick: bool) -> None:
     import lightning as L
 
-    from vit.data import DigitsDataModule
-    from vit.module import ViTClassifier
+    from vit.data.digits import DigitsDataModule
+    from vit.training.module import ViTClassifier
 
     class SyncDebug(L.Callback):
         """Errors on any synchronising CUDA call from the start of a batch to its end (training_step, backward, the
@@ -97,7 +97,7 @@ def case_sync(rows: Rows, device: torch.device, quick: bool) -> None:
 def case_sdpa_kernel(rows: Rows, device: torch.device) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    from vit.model import Attention
+    from vit.model.vision_transformer import Attention
 
     attn = Attention(dim=384, num_heads=6, qk_norm=True).to(device)  # configs/cifar10.yaml's: head_dim 64
     x = torch.randn(64, 65, 384, device=device)
@@ -169,7 +169,7 @@ def case_throughput(rows: Rows, device: torch.device, quick: bool) -> None:
 
 def _time_steps(arch: dict, batch: int, precision: str, compiled: bool, device, steps: int) -> tuple[float, int]:
     """Seconds per training step (fused AdamW, as the toolkit trains) and the step's FLOPs."""
-    from vit.model import VisionTransformer
+    from vit.model.vision_transformer import VisionTransformer
 
     model = VisionTransformer(**arch).to(device)
     if compiled:

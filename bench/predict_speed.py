@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit.checkpoint import load_model
-from vit.model import VisionTransformer
-from vit.predict import pick_device, predict
+from vit.deployment.predict import pick_device, predict
+from vit.model.checkpoint import load_model
+from vit.model.vision_transformer import VisionTransformer
 
 
 def measure(

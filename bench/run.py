@@ -55,7 +55,7 @@ def sync(device):
 def case_train(device, rounds: int) -> list[dict]:
     import timm
 
-    from vit.model import VisionTransformer
+    from vit.model.vision_transformer import VisionTransformer
 
     rows = []
     # (precision, our optimizer fused): the toolkit's step at fp32 and bf16, then the models alone (same optimizer)
@@ -159,7 +159,7 @@ def case_data(device, rounds: int, tmp: Path) -> list[dict]:
     from torch.utils.data import DataLoader
     from torchvision.transforms import v2
 
-    from vit.device_data import DeviceBatches
+    from vit.data.device import DeviceBatches
 
     mean, std = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
     tf = v2.Compose(
@@ -195,8 +195,8 @@ def case_augment(device, rounds: int, tmp: Path) -> list[dict]:
     from torch.utils.data import DataLoader
     from torchvision.transforms import v2
 
-    from vit.augment import BatchAutoAugment
-    from vit.device_data import DeviceBatches
+    from vit.data.augment import BatchAutoAugment
+    from vit.data.device import DeviceBatches
 
     mean, std = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
     tf = v2.Compose(
@@ -250,7 +250,7 @@ def _peak_memory(fn, device) -> float:
 
 
 def case_attention(device, rounds: int) -> list[dict]:
-    from vit.model import Attention
+    from vit.model.vision_transformer import Attention
 
     rows = []
     for tokens in (1024, 4096):
@@ -295,7 +295,7 @@ def case_attention(device, rounds: int) -> list[dict]:
 def case_mfu(device, rounds: int) -> list[dict]:
     from torch.utils.flop_counter import FlopCounterMode
 
-    from vit.model import VisionTransformer
+    from vit.model.vision_transformer import VisionTransformer
 
     rows = []
     batch = 128 if device.type == "cuda" else 16
@@ -349,9 +349,9 @@ def case_lightning(device, rounds: int) -> list[dict]:
 
     import lightning as L
 
-    from vit.data import DigitsDataModule
-    from vit.model import ViTConfig
-    from vit.module import ViTClassifier
+    from vit.data.digits import DigitsDataModule
+    from vit.model.config import ViTConfig
+    from vit.training.module import ViTClassifier
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")

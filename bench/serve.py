@@ -33,8 +33,9 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vit.checkpoint import load_model  # noqa: E402
-from vit.model import VisionTransformer, ViTConfig  # noqa: E402
+from vit.model.checkpoint import load_model  # noqa: E402
+from vit.model.config import ViTConfig  # noqa: E402
+from vit.model.vision_transformer import VisionTransformer  # noqa: E402
 
 # Architectures to bench without a trained checkpoint (speed does not depend on the weights).
 MODELS = {
@@ -53,7 +54,7 @@ def random_checkpoint(name: str, folder: Path) -> Path:
 
 
 def digit_files(folder: Path, n: int = 64) -> list[bytes]:
-    from vit.data import DigitsDataModule
+    from vit.data.digits import DigitsDataModule
 
     images = DigitsDataModule().memory["val"][0][:n].permute(0, 2, 3, 1).numpy()
     out = []

@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from vit.model import VisionTransformer, ViTConfig  # noqa: E402
+from vit.model.config import ViTConfig
+from vit.model.vision_transformer import VisionTransformer
 
 CANDIDATES = {
     "64x3 p8@32 (16t)": dict(img_size=32, patch_size=8, embed_dim=64, depth=3, num_heads=2),

@@ -2,12 +2,13 @@
 
 import hashlib
 import pickle
+import struct
 import tarfile
 
 import numpy as np
 from torchvision import datasets
 
-from vit.data import CIFAR10_CLASSES, CIFAR100_CLASSES
+from vit.data.cifar import CIFAR10_CLASSES, CIFAR100_CLASSES
 
 
 def _md5(path) -> str:
@@ -59,3 +60,18 @@ def trust_cifar_checksums(monkeypatch, dataset: str, md5: dict) -> None:
     monkeypatch.setattr(cls, "test_list", [[n, md5[n]] for n, _ in cls.test_list])
     monkeypatch.setattr(cls, "meta", {**cls.meta, "md5": md5[cls.meta["filename"]]})
     monkeypatch.setattr(cls, "tgz_md5", md5[cls.filename])
+
+
+def write_mnist(root, cls_name="MNIST", n_train=24, n_test=10, seed=0) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST's idx-ubyte files (uncompressed) in root/<cls>/raw/, as torchvision reads them."""
+    rng = np.random.default_rng(seed)
+    raw = root / cls_name / "raw"
+    raw.mkdir(parents=True)
+    out = []
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        labels = (np.arange(n) % 10).astype(np.uint8)
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, n, 28, 28) + images.tobytes())
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + labels.tobytes())
+        out.append((images, labels))
+    return out[0]

@@ -12,18 +12,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from formats import trust_cifar_checksums, write_cifar
+from formats import trust_cifar_checksums, write_cifar, write_mnist
 from PIL import Image
-from test_datasets import write_mnist
 
 import train
-from vit.checkpoint import load_model
+from vit.model.checkpoint import load_model
 
 CONFIG_DIR = Path(__file__).parent.parent / "configs"
 CONFIGS = sorted(p.name for p in CONFIG_DIR.glob("*.yaml"))
 VARIANTS = sorted(p.name for p in (CONFIG_DIR / "variants").glob("*.yaml"))
 # The trainer's length and batch count, and how many images the attention-map callback draws and scores (its 32
-# faithfulness curves were a third of a CIFAR config's test; tests/test_callbacks.py checks the callback itself).
+# faithfulness curves were a third of a CIFAR config's test; tests/evaluation/test_callbacks.py checks the callback
+# itself).
 LIMITS = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
 LIMITS += ["--attention_maps.num_images=2", "--attention_maps.faithfulness_images=2"]
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
@@ -59,9 +59,9 @@ def _data_for(config: str, root: Path, monkeypatch) -> list[str]:
         (root / "weights").mkdir()
         save_file(vit_s.state_dict(), str(root / "weights" / "vit_small_patch16_224.safetensors"))
         # ViT-S/16 from the timm file, one step, at 32 px: its 14x14 position grid resampled to 2x2 (as any other
-        # img_size would be; tests/test_interop.py checks the resampling). At the shipped 224 px, one bf16 step did not
-        # end in 16 minutes on an AVX2-only CPU (bf16 matmuls fall back to a reference gemm there). Its attention maps
-        # are off: the callback is tested on the small configs and in tests/test_callbacks.py.
+        # img_size would be; tests/model/test_interop.py checks the resampling). At the shipped 224 px, one bf16 step
+        # did not end in 16 minutes on an AVX2-only CPU (bf16 matmuls fall back to a reference gemm there). Its maps
+        # are off: the callback is tested on the small configs and in tests/evaluation/test_callbacks.py.
         size = ["--data.init_args.img_size=32", "--trainer.limit_train_batches=1", "--attention_maps.every_n_epochs=0"]
         return [*SMALL_BATCH, *size]
     if config == "folder.yaml":

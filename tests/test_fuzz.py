@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from vit.images import describe, read_image
-from vit.model import VisionTransformer
+from vit.data.images import describe, read_image
+from vit.model.vision_transformer import VisionTransformer
 
 
 def _encoded() -> list[bytes]:

@@ -21,7 +21,7 @@ def fixed_input(in_chans: int, img_size: int) -> torch.Tensor:
 
 
 def test_old_checkpoint_gives_the_same_logits():
-    from vit.checkpoint import load_model
+    from vit.model.checkpoint import load_model
 
     model, _ = load_model(LEGACY / "model.ckpt")
     side = json.loads((LEGACY / "model.onnx.json").read_text())  # img_size, in_chans
@@ -59,3 +59,26 @@ def test_old_plan_yaml_repeats_its_run(tmp_path):
     assert type(cli.datamodule).__name__ == "ImageFolderDataModule"
     assert cli.model.hparams.arch["embed_dim"] == 16 and cli.trainer.current_epoch == 1
     assert list((tmp_path / "checkpoints").rglob("last.ckpt"))
+
+
+@pytest.mark.parametrize(
+    "old, name",
+    [
+        ("vit.datasets.TorchvisionDataModule", "TorchvisionDataModule"),  # configs/mnist.yaml before the split
+        ("vit.streaming.StreamingDataModule", "StreamingDataModule"),  # configs/streaming.yaml before the split
+        ("vit.data.ImageFolderDataModule", "ImageFolderDataModule"),  # every folder's plan.yaml
+        ("vit.data.folder.ImageFolderDataModule", "ImageFolderDataModule"),
+    ],
+)
+def test_class_paths_written_before_the_split_still_name_their_class(old, name):
+    import importlib
+
+    from jsonargparse._util import import_object
+
+    import vit.data
+    from vit.data.sources import public_class_path
+
+    assert import_object(old) is getattr(vit.data, name)  # how LightningCLI resolves a config's class_path
+    module, _, attr = old.rpartition(".")
+    assert getattr(importlib.import_module(module), attr) is getattr(vit.data, name)  # how vit-eval does
+    assert public_class_path(old) == f"vit.data.{name}"  # how the planner and the DDP memory budget compare them

@@ -31,9 +31,12 @@ def venv(tmp_path_factory) -> Path:
     shutil.copytree(
         ROOT,
         src,
-        ignore=shutil.ignore_patterns(
-            ".git", ".venv", "logs", "checkpoints", "data", "build", "*.egg-info", "__pycache__"
-        ),
+        ignore=lambda folder, names: (
+            shutil.ignore_patterns(".git", ".venv", "logs", "checkpoints", "build", "*.egg-info", "__pycache__")(
+                folder, names
+            )
+            | ({"data"} if Path(folder) == Path(ROOT) else set())
+        ),  # the datasets folder, not the package vit/data
     )
     wheels = tmp / "dist"
     build = _run(
@@ -153,7 +156,15 @@ def test_no_import_cycle_inside_vit():
     assert len(edges) > 20 and "vit.commands.predict" in edges  # the walk found the package and its commands
     assert _cycle(edges) is None, " -> ".join(_cycle(edges))
     # the check itself finds a cycle when there is one
-    assert _cycle({**edges, "vit.model": edges["vit.model"] | {"vit.predict"}}) is not None
+    assert (
+        _cycle(
+            {
+                **edges,
+                "vit.model.vision_transformer": edges["vit.model.vision_transformer"] | {"vit.deployment.predict"},
+            }
+        )
+        is not None
+    )
 
 
 def test_commands_sit_above_the_functions_they_call():
@@ -190,3 +201,30 @@ def test_the_declared_lightning_floor_has_what_the_toolkit_uses():
     floor = next(re.search(r">=\s*([\d.]+)", d).group(1) for d in deps if d.startswith("lightning"))
     assert tuple(int(x) for x in floor.split(".")[:2]) >= (2, 6)
     from lightning.pytorch.callbacks import EMAWeightAveraging  # noqa: F401  what needs it
+
+
+# The subpackages of vit/, lowest first; a package imports only from packages of a lower rank (model and data, and
+# planning and deployment, import neither each other). vit/__init__.py names the same order.
+RANKS = {"model": 0, "data": 0, "training": 1, "evaluation": 2, "planning": 3, "deployment": 3, "commands": 4}
+
+
+def _upward(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    package = lambda module: module.split(".")[1] if module.count(".") >= 1 else ""  # noqa: E731
+    return sorted(
+        (src, dst)
+        for src, targets in edges.items()
+        for dst in targets
+        if package(src) in RANKS and package(dst) != package(src) and not RANKS[package(dst)] < RANKS[package(src)]
+    )
+
+
+def test_packages_import_only_from_lower_ones():
+    edges = _imports_inside_vit()
+    assert {m.split(".")[1] for m in edges if m.count(".") >= 2} == set(RANKS)  # every subpackage is ranked
+    assert not [m for m in edges if m.count(".") == 1 and m.split(".")[1] not in RANKS], "a module outside the packages"
+    assert _upward(edges) == []
+    # the check finds an upward import when there is one, and a sideways one between packages of one rank
+    assert _upward({**edges, "vit.model.layers": {"vit.training.module"}}) == [
+        ("vit.model.layers", "vit.training.module")
+    ]
+    assert _upward({"vit.data.images": {"vit.model.config"}}) == [("vit.data.images", "vit.model.config")]

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 import train
-from vit.checkpoint import load_model
-from vit.data import DigitsDataModule
-from vit.model import ViTConfig
-from vit.module import ViTClassifier, warmup_cosine
+from vit.data.digits import DigitsDataModule
+from vit.model.checkpoint import load_model
+from vit.model.config import ViTConfig
+from vit.training.module import ViTClassifier
+from vit.training.schedules import warmup_cosine
 
 CONFIGS = sorted(Path(__file__).parent.parent.joinpath("configs").rglob("*.yaml"))
 SMOKE = str(Path(__file__).parent.parent / "configs" / "smoke.yaml")
@@ -160,7 +161,7 @@ def test_bad_configuration_fails_before_any_work_with_one_line(args, expected, i
     assert not (in_tmp / "checkpoints").exists() and not (in_tmp / "logs").exists()
 
 
-# The host-read check of the training step: tests/test_host_reads.py (every aten op, every option).
+# The host-read check of the training step: tests/training/test_host_reads.py (every aten op, every option).
 
 
 def _train_py(cwd, *args: str, env=None) -> subprocess.CompletedProcess:
@@ -239,7 +240,7 @@ def test_an_old_flat_architecture_key_names_its_new_place(in_tmp):
 
 
 def test_help_shows_each_architecture_field_with_its_meaning(capsys):
-    from vit.model import ViTConfig
+    from vit.model.config import ViTConfig
 
     with pytest.raises(SystemExit):
         train.main(["fit", "--help"])
@@ -253,7 +254,7 @@ def test_help_shows_each_architecture_field_with_its_meaning(capsys):
 
 
 def test_warmup_longer_than_the_schedule_is_corrected_with_a_warning():
-    from vit.module import schedule_warmup
+    from vit.training.schedules import schedule_warmup
 
     with pytest.warns(
         UserWarning, match=r"warmup_epochs=5 is not shorter than the schedule \(max_epochs=3, 30 steps\)"
@@ -329,7 +330,7 @@ def test_ema_weights_are_validated_and_saved(in_tmp):
 
 def test_a_fixed_recipe_prints_its_estimated_wall_time_before_the_first_epoch_ends(smoke_run):
     """The smoke run (2 epochs of 4 steps): one line with the whole run's estimate, before the first validation."""
-    from vit.callbacks import RunEstimate
+    from vit.planning.estimate import RunEstimate
 
     estimate = next(cb for cb in smoke_run.cli.trainer.callbacks if isinstance(cb, RunEstimate))
     assert estimate.estimate_s is not None and 0 < estimate.estimate_s < 600
@@ -352,7 +353,9 @@ def test_bf16_on_a_cpu_where_it_measures_slower_is_said_before_training_and_in_t
     from conftest import SMOKE, fit_in
 
     speeds = {"32-true": 100.0, "bf16-mixed": bf16_speed}  # images/s of the timed steps at batch 2
-    monkeypatch.setattr("vit.plan.calibrate", lambda archs, batch, device, precision, **kw: [speeds[precision]])
+    monkeypatch.setattr(
+        "vit.planning.speed.calibrate", lambda archs, batch, device, precision, **kw: [speeds[precision]]
+    )
     fit_in(in_tmp, ["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false", "--trainer.max_epochs", "1",
                     "--trainer.logger", "false", "--trainer.precision", "bf16-mixed"])  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
@@ -367,7 +370,7 @@ def test_bf16_on_a_cpu_where_it_measures_slower_is_said_before_training_and_in_t
 def test_the_way_out_is_offered_past_an_hour():
     from types import SimpleNamespace
 
-    from vit.callbacks import RunEstimate
+    from vit.planning.estimate import RunEstimate
 
     trainer = SimpleNamespace(num_training_batches=390, num_val_batches=[40], max_epochs=200, is_global_zero=True)
     module = SimpleNamespace(device=torch.device("cpu"))
@@ -381,7 +384,7 @@ def test_the_way_out_is_offered_past_an_hour():
     assert line.startswith("this recipe: 200 epochs of 390 steps, about 56.2 h")  # 390 * 2.1 * 1.2 + 40 * 0.7 an epoch
     assert line.endswith("--trainer.max_epochs 3 fits in about an hour") and "--budget" not in line  # no data: no plan
 
-    from vit.data import CIFARDataModule
+    from vit.data.cifar import CIFARDataModule
 
     trainer.datamodule = CIFARDataModule.__new__(CIFARDataModule)  # a source the planner reads
     buffer = io.StringIO()

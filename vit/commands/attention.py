@@ -4,7 +4,8 @@
     vit-attention faithfulness --ckpt checkpoints/digits/version_0/last.ckpt images/ --json
 
 The first writes `<stem>_attention.png` per image (the image above its rollout overlay) and the per-head maps of the
-last block (vit.attention_maps); `faithfulness` prints the deletion/insertion table of vit.faithfulness.
+last block (vit.evaluation.attention_maps); `faithfulness` prints the deletion/insertion table of
+vit.evaluation.faithfulness.
 """
 
 import argparse
@@ -15,19 +16,19 @@ from pathlib import Path
 import torch
 from torchvision.utils import save_image
 
-from vit.attention_maps import attention_panels
-from vit.calibration import probabilities
-from vit.checkpoint import load_model_or_report
-from vit.data import eval_transform
-from vit.faithfulness import faithfulness
-from vit.images import expand_inputs, read_or_report
+from vit.data.images import expand_inputs, read_or_report
+from vit.data.transforms import eval_transform
+from vit.evaluation.attention_maps import attention_panels
+from vit.evaluation.calibration import probabilities
+from vit.evaluation.faithfulness import faithfulness
+from vit.model.checkpoint import load_model_or_report
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (the README's commands are checked against it)."""
     ap = argparse.ArgumentParser(prog="vit-attention", description=maps_main.__doc__)
-    ap.add_argument("--ckpt", required=True, help="a checkpoint written by train.py")
-    ap.add_argument("--out", required=True, help="folder for the PNGs (created)")
+    ap.add_argument("--ckpt", "--ckpt_path", dest="ckpt", required=True, help="a checkpoint written by train.py")
+    ap.add_argument("--out", "--output", dest="out", required=True, help="folder for the PNGs (created)")
     ap.add_argument("--size", type=int, default=128, help="display size of each tile in pixels")
     ap.add_argument("images", nargs="+", help="image files")
     return ap
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_faithfulness_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vit-attention faithfulness", description=faithfulness_main.__doc__)
-    ap.add_argument("--ckpt", required=True, help="a checkpoint written by train.py")
+    ap.add_argument("--ckpt", "--ckpt_path", dest="ckpt", required=True, help="a checkpoint written by train.py")
     ap.add_argument("folder", help="images (searched recursively)")
     ap.add_argument("--limit", type=int, default=500, help="at most this many images (sorted by path)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -20,11 +20,13 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from vit.attention_maps import denormalize, overlay_batch, relevance
-from vit.checkpoint import CheckpointError, load_checkpoint, load_model_or_report
-from vit.data import DataError, ImageClassificationData, whole_val_batches
-from vit.device_data import DeviceBatches
-from vit.evaluation import (
+from vit.data.base import ImageClassificationData, whole_val_batches
+from vit.data.device import DeviceBatches
+from vit.data.images import expand_inputs
+from vit.data.transforms import DataError
+from vit.deployment.predict import ImageFiles, channel_stats, class_names, collate, normalize, pick_device
+from vit.evaluation.attention_maps import denormalize, overlay_batch, relevance
+from vit.evaluation.report import (
     confusion_figure,
     metrics_of,
     png_bytes,
@@ -36,15 +38,14 @@ from vit.evaluation import (
     write_per_class,
     write_predictions,
 )
-from vit.images import expand_inputs
-from vit.predict import ImageFiles, channel_stats, class_names, collate, normalize, pick_device
-from vit.tta import SymmetryTTA, tta_views
+from vit.evaluation.tta import SymmetryTTA, tta_views
+from vit.model.checkpoint import CheckpointError, load_checkpoint, load_model_or_report
 
 
 class FileBatches:
     """(normalised images, targets) batches of image files, decoded, batched and normalised as vit-predict does
-    (vit.predict.ImageFiles), so that every prediction equals vit-predict's. Unreadable files are reported on stderr,
-    left out, and listed in `.errors`; `.kept` lists the positions scored, in order."""
+    (vit.deployment.predict.ImageFiles), so that every prediction equals vit-predict's. Unreadable files are reported on
+    stderr, left out, and listed in `.errors`; `.kept` lists the positions scored, in order."""
 
     def __init__(self, files: list[str], targets: list[int], hparams: dict, batch_size: int, workers, device):
         self.files, self.targets, self.device = files, torch.tensor(targets, dtype=torch.long), device
@@ -97,8 +98,8 @@ def labelled_folder(root: Path, classes: list[str]) -> tuple[list[str], list[int
 
 
 def training_data(path: str, ckpt: dict, hparams: dict):
-    """The data module a checkpoint was trained on, from its `data` record (vit.callbacks.DataRecord); only this
-    toolkit's own data classes are built, whatever the file names."""
+    """The data module a checkpoint was trained on, from its `data` record (vit.training.callbacks.DataRecord); only
+    this toolkit's own data classes are built, whatever the file names."""
     record = ckpt.get("data")
     if not isinstance(record, dict) or not isinstance(record.get("class_path"), str):
         raise CheckpointError(f"{path}: holds no record of its training data (older than vit-eval): give a folder")
@@ -124,7 +125,7 @@ def batches_for(args, ckpt: dict, hparams: dict, classes: list[str], device: tor
         batches = whole_val_batches(dm)
         return batches, lambda n: [f"val/{i:06d}" for i in range(n)], None, "its validation split"
     if args.data.startswith("torch/"):
-        from vit.datasets import eval_split
+        from vit.data.torchvision_data import eval_split
 
         x, y, names = eval_split(args.data, args.data_root, hparams["img_size"], hparams.get("in_chans", 3))
         if names and names != classes:
@@ -155,10 +156,9 @@ def top_losses(model, scored, rows, classes, hparams, device, ids: list[str]) ->
 def label_issue_gallery(ckpt: dict, hparams: dict, show: int = 16) -> tuple[bytes, int] | None:
     """label_issues.png from the label_issues.csv of the checkpoint's run (`--find_label_issues true`), when that file
     is there: the files most likely mislabelled, with their given and suggested class; and how many it lists."""
-    from vit.evaluation import label_issues_figure
-    from vit.images import read_image
-    from vit.label_issues import read_label_issues
-    from vit.predict import to_uint8
+    from vit.data.images import image_at, read_image
+    from vit.evaluation.label_issues import read_label_issues
+    from vit.evaluation.report import label_issues_figure
 
     path = ckpt.get("label_issues")
     if not isinstance(path, str) or not Path(path).is_file():
@@ -169,7 +169,7 @@ def label_issue_gallery(ckpt: dict, hparams: dict, show: int = 16) -> tuple[byte
         if len(pictures) == show:
             break
         try:
-            img = to_uint8(read_image(r["path"], hparams.get("in_chans", 3)), hparams["img_size"])
+            img = image_at(read_image(r["path"], hparams.get("in_chans", 3)), hparams["img_size"])
         except Exception:  # a file moved or deleted since training: shown by the others
             continue
         pictures.append(img.float() / 255)
@@ -187,10 +187,23 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vit-eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--ckpt", required=True, help="checkpoint written by train.py (loaded as data, never as code)")
+    ap.add_argument(
+        "--ckpt",
+        "--ckpt_path",
+        dest="ckpt",
+        required=True,
+        help="checkpoint written by train.py (loaded as data, never as code)",
+    )
     ap.add_argument("data", nargs="?", metavar="DATA", help="a folder of <class>/<image> files, or torch/<name>")
     ap.add_argument("--split", choices=("val",), help="val: the checkpoint's own validation split, as training had it")
-    ap.add_argument("--out", required=True, metavar="DIR", help="folder for the report (created; files replaced)")
+    ap.add_argument(
+        "--out",
+        "--output",
+        dest="out",
+        required=True,
+        metavar="DIR",
+        help="folder for the report (created; files replaced)",
+    )
     ap.add_argument("--data-root", default="data", help="where torch/<name> datasets are (default data; no download)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--num-workers", type=int, default=None, help="decoding workers (default as vit-predict)")

@@ -4,8 +4,8 @@
 
 The graph holds the model alone: input `images` (B, in_chans, img_size, img_size) float32, already preprocessed;
 output `logits` (B, num_classes). `<out>.json` beside it holds img_size, in_chans, mean, std, class_names and every
-preprocessing step from an image file to that input (vit.images.preprocess_spec): what another runtime needs to feed
-it and get vit-predict's answers.
+preprocessing step from an image file to that input (vit.data.images.preprocess_spec): what another runtime needs to
+feed it and get vit-predict's answers.
 """
 
 import argparse
@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from vit.checkpoint import load_model_or_report
-from vit.export import export, sidecar
+from vit.deployment.export import export, sidecar
+from vit.model.checkpoint import load_model_or_report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,9 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vit-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--ckpt", required=True)
+    ap.add_argument("--ckpt", "--ckpt_path", dest="ckpt", required=True)
     ap.add_argument("--format", choices=("onnx", "torchscript"), required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", "--output", dest="out", required=True)
     ap.add_argument("--opset", type=int, default=18, help="ONNX opset (>= 14 for attention; default 18)")
     return ap
 

@@ -15,9 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from vit.checkpoint import load_model_or_report
-from vit.images import expand_inputs
-from vit.predict import predict
+from vit.data.images import expand_inputs
+from vit.deployment.predict import predict
+from vit.model.checkpoint import load_model_or_report
 
 FORMATS = ("table", "json", "csv")
 
@@ -47,10 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vit-predict", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--ckpt", required=True, help="checkpoint written by train.py (loaded as data, never as code)")
+    ap.add_argument(
+        "--ckpt",
+        "--ckpt_path",
+        dest="ckpt",
+        required=True,
+        help="checkpoint written by train.py (loaded as data, never as code)",
+    )
     ap.add_argument("--topk", type=int, default=5, help="how many classes per image (default 5)")
     ap.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
-    ap.add_argument("--output", help="write the results to this file instead of stdout")
+    ap.add_argument("--out", "--output", dest="output", help="write the results to this file instead of stdout")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument(
         "--num-workers", type=int, default=None, help="decoding workers (default: cores - 1, at most 4, when batched)"

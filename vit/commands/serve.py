@@ -18,8 +18,8 @@ import signal
 import sys
 from importlib import resources
 
-from vit.checkpoint import CheckpointError, load_model
-from vit.predict import pick_device
+from vit.deployment.predict import pick_device
+from vit.model.checkpoint import CheckpointError, load_model
 
 PAGE = "index.html"  # vit/static/index.html, shipped in the package
 
@@ -29,7 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vit-serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--ckpt", required=True, help="checkpoint written by train.py (loaded as data, never as code)")
+    ap.add_argument(
+        "--ckpt",
+        "--ckpt_path",
+        dest="ckpt",
+        required=True,
+        help="checkpoint written by train.py (loaded as data, never as code)",
+    )
     ap.add_argument(
         "--host",
         default="127.0.0.1",
@@ -66,7 +72,7 @@ def build_server(args: argparse.Namespace):
     import litserve as ls
     from fastapi.responses import HTMLResponse
 
-    from vit.serve import HostCheck, ImageRequests, ViTAPI, allowed_hosts, server_info
+    from vit.deployment.serve import HostCheck, ImageRequests, ViTAPI, allowed_hosts, server_info
 
     model, hparams = load_model(args.ckpt)  # refuses a pickle-carrying or broken checkpoint before anything starts
     device = pick_device(args.device).type

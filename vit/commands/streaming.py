@@ -1,11 +1,11 @@
 """`python -m vit.commands.streaming optimize ROOT OUT`: an image folder (root/train/<class>/*, root/val/<class>/*)
 converted once to litdata chunks, with the class names and the training images' mean/std beside them
-(vit.streaming); then `python train.py --config configs/streaming.yaml --data.init_args.input_dir OUT`."""
+(vit.data.streaming); then `python train.py --config configs/streaming.yaml --data.init_args.input_dir OUT`."""
 
 import argparse
 import sys
 
-from vit.streaming import META, optimize_folder
+from vit.data.streaming import META, optimize_folder
 
 
 def build_parser() -> argparse.ArgumentParser:

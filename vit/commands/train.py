@@ -2,7 +2,7 @@
 
     vit-train                                   # fit configs/cifar10.yaml (CIFAR-10 from data/, downloaded if it can)
     vit-train --config configs/digits.yaml      # `fit` is the default subcommand
-    vit-train fit --data.root path/to/images --budget 10min   # a folder: the recipe is planned (vit/plan.py)
+    vit-train fit --data.root path/to/images --budget 10min   # a folder: the recipe is planned (vit/planning/plan.py)
     vit-train --budget 30min                    # CIFAR-10 too: a recipe planned for 30 minutes on this machine
     vit-train validate --config configs/digits.yaml --ckpt_path checkpoints/digits/version_0/last.ckpt
 
@@ -31,13 +31,18 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from vit.callbacks import AttentionMapCallback, DataRecord, RunEstimate, plain_data_config
-from vit.checkpoint import CheckpointError, load_checkpoint
-from vit.checkpoint_io import AtomicCheckpointIO
-from vit.data import DataError, ImageClassificationData, default_memory_budget_gb, whole_val_batches
-from vit.module import NonFiniteLossError, ViTClassifier
-from vit.planned_run import FitBudget, apply_plan, explicit_keys, is_explicit, plan_yaml
-from vit.timed_checkpoint import TimedCheckpoint
+from vit.data.base import ImageClassificationData, whole_val_batches
+from vit.data.folder import default_memory_budget_gb
+from vit.data.sources import public_class_path
+from vit.data.transforms import DataError
+from vit.evaluation.map_callback import AttentionMapCallback
+from vit.model.checkpoint import CheckpointError, load_checkpoint
+from vit.planning.estimate import RunEstimate
+from vit.planning.planned_run import FitBudget, apply_plan, explicit_keys, is_explicit, plan_yaml
+from vit.training.callbacks import DataRecord, plain_data_config
+from vit.training.checkpoint_io import AtomicCheckpointIO
+from vit.training.module import NonFiniteLossError, ViTClassifier
+from vit.training.timed_checkpoint import TimedCheckpoint
 
 # Facts about the data that the model must agree with: taken from the DataModule, never typed twice.
 LINKED = {
@@ -89,7 +94,7 @@ class ViTCLI(LightningCLI):
             type=bool,
             default=False,
             help="plan the recipe from the data (a folder, CIFAR, torch/NAME or litdata chunks), this machine and "
-            "--budget (vit/plan.py); configs/folder.yaml turns it on; any field you set wins over the plan",
+            "--budget (vit/planning/plan.py); configs/folder.yaml turns it on; any field you set wins over the plan",
         )
         parser.add_argument(
             "--budget",
@@ -103,7 +108,7 @@ class ViTCLI(LightningCLI):
             type=bool,
             default=False,
             help="for a folder: write label_issues.csv beside the logs, the training files whose label looks wrong "
-            "(the run's training dynamics ranked by cleanlab; vit/label_issues.py)",
+            "(the run's training dynamics ranked by cleanlab; vit/evaluation/label_issues.py)",
         )
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
@@ -212,8 +217,8 @@ class ViTCLI(LightningCLI):
         self._start = time.perf_counter()
 
     def _find_label_issues(self, logger) -> None:
-        from vit.data import ImageFolderDataModule
-        from vit.label_issues import LabelIssueFinder
+        from vit.data.folder import ImageFolderDataModule
+        from vit.evaluation.label_issues import LabelIssueFinder
 
         if not isinstance(self.datamodule, ImageFolderDataModule):
             sys.exit("error: --find_label_issues true needs a folder of images (--data.root PATH)")
@@ -289,9 +294,9 @@ class ViTCLI(LightningCLI):
             self.datamodule.teardown("validate")
 
     def _adjust_logits(self, paths: list[str]) -> None:
-        """Post-hoc logit adjustment of the best and the last checkpoint (vit/logit_adjustment.py), before the
-        temperature is fitted on the adjusted logits."""
-        from vit.logit_adjustment import adjust_checkpoints
+        """Post-hoc logit adjustment of the best and the last checkpoint (vit/evaluation/logit_adjustment.py), before
+        the temperature is fitted on the adjusted logits."""
+        from vit.evaluation.logit_adjustment import adjust_checkpoints
 
         dm = self.datamodule
         counts = dm.class_counts()
@@ -305,10 +310,11 @@ class ViTCLI(LightningCLI):
         )
 
     def _calibrate(self, paths: list[str]) -> None:
-        """A temperature for the best and the last checkpoint, fitted on the validation set (vit/calibration.py);
-        the best one's calibration and confusion matrix go to TensorBoard under eval/."""
-        from vit.calibration import calibrate_checkpoints
-        from vit.evaluation import confusion_figure, confusion_matrix, per_class_recall
+        """A temperature for the best and the last checkpoint, fitted on the validation set
+        (vit/evaluation/calibration.py); the best one's calibration and confusion matrix go to TensorBoard under
+        eval/."""
+        from vit.evaluation.calibration import calibrate_checkpoints
+        from vit.evaluation.report import confusion_figure, confusion_matrix, per_class_recall
 
         dm = self.datamodule
         reports = calibrate_checkpoints(paths, whole_val_batches(dm), self.trainer.strategy.root_device)
@@ -361,7 +367,10 @@ def share_memory_budget(config) -> None:
     """Under DDP every process of a machine decodes and holds its own copy of an in-memory folder: the default
     budget (a quarter of the RAM) is shared among them, unless --data.init_args.max_memory_gb says otherwise."""
     data = config.get("data") or {}
-    if data.get("class_path") != "vit.data.ImageFolderDataModule" or data.init_args.get("max_memory_gb") is not None:
+    if (
+        public_class_path(data.get("class_path")) != "vit.data.ImageFolderDataModule"
+        or data.init_args.get("max_memory_gb") is not None
+    ):
         return
     n = local_processes(config.get("trainer") or {})
     if n > 1:
@@ -413,7 +422,7 @@ def normalize_args(argv: Sequence[str]) -> list[str]:
 
 def moved_field_hint(message: str) -> str:
     """Old configs had the architecture flat under `model:`; name the new place of such a key."""
-    from vit.model import ViTConfig
+    from vit.model.config import ViTConfig
 
     for key in re.findall(r"\b(?:model\.)?(\w+)", message):
         if key in ViTConfig.fields() and f"arch.{key}" not in message:
@@ -439,9 +448,9 @@ def main(args: Sequence[str] | None = None) -> ViTCLI:
     argv = normalize_args(sys.argv[1:] if args is None else args)
     if argv[0] == "predict":  # Lightning's subcommand needs a predict_step and a predict loader, which we do not have
         sys.exit("error: vit-train predict is not a command here: classify images with vit-predict --ckpt CKPT IMAGES")
-    # `--help` shows each ViTConfig field's meaning: the docstring under its declaration in vit/model.py. Reading those
-    # means parsing the source of every class on the command line (Trainer's too): 1.8 of the 2.5 s a parse took
-    # (cProfile), so only when the help or a commented config is asked for.
+    # `--help` shows each ViTConfig field's meaning: the docstring under its declaration in vit/model/config.py.
+    # Reading those means parsing the source of every class on the command line (Trainer's too): 1.8 of the 2.5 s a
+    # parse took (cProfile), so only when the help or a commented config is asked for.
     wants_docs = any(a in ("-h", "--help") or (a.startswith("--print_config") and "comments" in a) for a in argv)
     set_parsing_settings(docstring_parse_attribute_docstrings=wants_docs)
     # We hand LightningCLI the rewritten sys.argv on purpose; its warning about args beside sys.argv is noise here.

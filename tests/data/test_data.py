@@ -1,0 +1,250 @@
+import numpy as np
+import pytest
+import torch
+from formats import trust_cifar_checksums, write_cifar
+from PIL import Image
+
+from vit.data.cifar import CIFAR10_CLASSES, CIFARDataModule
+from vit.data.device import DeviceBatches
+from vit.data.digits import DigitsDataModule
+from vit.data.folder import ImageFolderDataModule
+from vit.data.images import load_image
+from vit.data.transforms import DataError
+
+
+@pytest.fixture
+def tiny_cifar(tmp_path, monkeypatch):
+    md5, data = write_cifar(tmp_path)
+    trust_cifar_checksums(monkeypatch, "cifar10", md5)
+    return tmp_path, data
+
+
+def test_cifar10_loads_torchvision_on_disk_format(tiny_cifar):
+    root, data = tiny_cifar
+    dm = CIFARDataModule("cifar10", root=str(root), download=False, batch_size=4, num_workers=0)
+    assert (dm.num_classes, dm.class_names, dm.img_size) == (10, CIFAR10_CLASSES, 32)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert len(dm.train_set) == 20 and len(dm.val_set) == 4
+    # Validation is untouched by augmentation: the first test image comes back as stored, normalised.
+    x, y = dm.val_set[0]
+    raw = torch.from_numpy(data["test_batch"][0][0]).reshape(3, 32, 32).float() / 255
+    mean, std = torch.tensor(dm.mean)[:, None, None], torch.tensor(dm.std)[:, None, None]
+    torch.testing.assert_close(x, (raw - mean) / std)
+    assert y == data["test_batch"][1][0]
+    xb, yb = next(iter(dm.train_dataloader()))
+    assert xb.shape == (4, 3, 32, 32) and xb.dtype == torch.float32 and yb.shape == (4,)
+
+
+def test_cifar10_extracts_an_archive_put_in_root_without_network(tiny_cifar):
+    root, _ = tiny_cifar
+    import shutil
+
+    shutil.rmtree(root / "cifar-10-batches-py")  # only the .tar.gz, as a person would download it by hand
+    dm = CIFARDataModule("cifar10", root=str(root), download=True, batch_size=4, num_workers=0)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert len(dm.train_set) == 20
+
+
+def test_missing_cifar_says_where_to_put_the_archive(tmp_path):
+    """Found missing when the data module is built (before any Trainer), in one line."""
+    with pytest.raises(DataError, match=r"put cifar-10-python\.tar\.gz .* in .*nothing/") as e:
+        CIFARDataModule("cifar10", root=str(tmp_path / "nothing"), download=False, num_workers=0)
+    assert "\n" not in str(e.value)
+
+
+def test_cifar100_names(monkeypatch):
+    monkeypatch.setattr(CIFARDataModule, "prepare_data", lambda self: None)  # no CIFAR-100 files here
+    dm = CIFARDataModule("cifar100", num_workers=0)
+    assert dm.num_classes == 100 == len(set(dm.class_names))
+    assert dm.class_names[:3] == ["apple", "aquarium_fish", "baby"] and dm.class_names[-1] == "worm"
+
+
+def _write_images(folder, n, mode, size, seed):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        arr = rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
+        img = Image.fromarray(arr)
+        if mode == "P":
+            img = img.convert("P")
+        elif mode == "I;16":
+            img = Image.fromarray(arr[..., 0].astype(np.uint16) * 257)
+        elif mode != "RGB":
+            img = img.convert(mode)
+        img.save(folder / f"{mode.replace(';', '_')}-{seed}-{i}.{'jpg' if mode in ('RGB', 'CMYK') else 'png'}")
+
+
+def test_image_folder_with_train_and_val(tmp_path):
+    for split, n in (("train", 6), ("val", 2)):
+        _write_images(tmp_path / split / "cat", n, "RGB", (50, 40), 0)
+        _write_images(tmp_path / split / "dog", n, "RGBA", (20, 30), 1)
+        _write_images(tmp_path / split / "eel", n, "L", (64, 64), 2)
+    _write_images(tmp_path / "train" / "eel", 2, "P", (33, 33), 3)
+    _write_images(tmp_path / "train" / "eel", 2, "I;16", (16, 24), 4)
+    dm = ImageFolderDataModule(str(tmp_path), img_size=24, batch_size=4, num_workers=0)
+    assert dm.class_names == ["cat", "dog", "eel"] and dm.num_classes == 3
+    dm.setup("fit")
+    assert len(dm.train_set) == 22 and len(dm.val_set) == 6
+    for x, _ in dm.train_dataloader():
+        assert x.shape == (4, 3, 24, 24)
+    ys = sorted(y for _, y in dm.val_set)
+    assert ys == [0, 0, 1, 1, 2, 2]
+
+
+def test_image_folder_split_by_fraction_and_seed(tmp_path):
+    for c in ("a", "b"):
+        _write_images(tmp_path / c, 10, "RGB", (32, 32), ord(c))
+    dm = ImageFolderDataModule(str(tmp_path), val_fraction=0.25, split_seed=3, num_workers=0)
+    dm.setup("fit")
+    assert (len(dm.train_set), len(dm.val_set)) == (15, 5)
+    train, val = ({p for p, _ in dm.samples[s]} for s in ("train", "val"))
+    assert train.isdisjoint(val) and len(train | val) == 20
+    again = ImageFolderDataModule(str(tmp_path), val_fraction=0.25, split_seed=3, num_workers=0)
+    assert again.samples["val"] == dm.samples["val"]
+    # The val set uses the evaluation transform: deterministic, unlike the training one.
+    torch.testing.assert_close(dm.val_set[0][0], dm.val_set[0][0])
+
+
+def test_image_folder_takes_the_in_memory_path_within_the_budget_and_streams_over_it(tmp_path, caplog):
+    """Both paths give the same validation tensors (the evaluation geometry is decoded once, or per item); the log
+    says which path was taken and why."""
+    for c, mode in (("a", "RGB"), ("b", "L")):
+        _write_images(tmp_path / c, 8, mode, (40, 30), ord(c))
+    with caplog.at_level("INFO"):
+        mem = ImageFolderDataModule(str(tmp_path), img_size=16, num_workers=0)
+        tiny = ImageFolderDataModule(str(tmp_path), img_size=16, num_workers=0, max_memory_gb=1e-6)
+    assert mem.in_memory and not tiny.in_memory
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("in-memory path" in m and "within max_memory_gb" in m for m in messages), messages
+    assert any("streaming path" in m and "over max_memory_gb=0.00" in m for m in messages), messages
+    assert mem.memory["train"][0].shape == (13, 3, 16, 16) and mem.memory["train"][0].dtype == torch.uint8
+    assert mem.mean == tiny.mean or mem.mean != tiny.mean  # both measured (tiny: on a sample of the same images)
+    mem.setup("fit"), tiny.setup("fit")
+    a = torch.stack([mem.val_set[i][0] for i in range(len(mem.val_set))])
+    b = torch.stack([tiny.val_set[i][0] for i in range(len(tiny.val_set))])
+    torch.testing.assert_close(a, b)
+    assert isinstance(mem.train_dataloader(), DeviceBatches)
+    x, _ = next(iter(tiny.train_dataloader()))
+    assert x.shape == (4, 3, 16, 16) or x.shape[1:] == (3, 16, 16)
+
+
+def test_image_folder_mean_std_measured_on_its_training_images(tmp_path):
+    for c in ("a", "b"):
+        _write_images(tmp_path / c, 6, "L", (20, 20), ord(c))
+    dm = ImageFolderDataModule(str(tmp_path), img_size=16, num_workers=0)
+    x = dm.memory["train"][0].float() / 255
+    assert dm.mean == tuple(round(v, 4) for v in x.mean(dim=(0, 2, 3)).tolist())
+    assert dm.mean[0] == dm.mean[1] == dm.mean[2]  # grayscale files: equal channels, not ImageNet's
+    given = ImageFolderDataModule(str(tmp_path), img_size=16, num_workers=0, mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2))
+    assert given.mean == (0.5, 0.5, 0.5) and given.std == (0.2, 0.2, 0.2)
+
+
+def test_image_folder_errors_name_the_path(tmp_path):
+    with pytest.raises(DataError, match="is not a folder"):
+        ImageFolderDataModule(str(tmp_path / "missing"))
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    (tmp_path / "val" / "zebra").mkdir(parents=True)
+    with pytest.raises(DataError, match=r"classes \['zebra'\] are not in"):
+        ImageFolderDataModule(str(tmp_path))
+
+
+@pytest.mark.parametrize("mode", ["L", "RGBA", "P", "CMYK", "I;16", "LA"])
+def test_load_image_converts_every_mode_to_rgb(tmp_path, mode):
+    _write_images(tmp_path, 1, mode, (9, 7), 0)
+    path = next(tmp_path.iterdir())
+    img = load_image(path)
+    assert img.mode == "RGB" and img.size == (9, 7)
+
+
+def test_load_image_16_bit_uses_the_full_range(tmp_path):
+    Image.fromarray(np.array([[0, 32896, 65535]], dtype=np.uint16)).save(tmp_path / "x.png")
+    assert np.asarray(load_image(tmp_path / "x.png"))[0, :, 0].tolist() == [0, 128, 255]
+
+
+def test_digits_split_and_ranges():
+    dm = DigitsDataModule()
+    assert (len(dm.train_set), len(dm.val_set)) == (1437, 360)
+    assert dm.train_set.images.dtype == torch.uint8 and dm.train_set.images.shape[1:] == (3, 32, 32)
+    assert dm.train_set.images.max() == 255 and dm.train_set.images.min() == 0
+    assert sorted(set(dm.val_set.targets.tolist())) == list(range(10))
+    # fixed split: same seed, same images; another seed, another split
+    again, other = DigitsDataModule(), DigitsDataModule(split_seed=1)
+    assert torch.equal(again.val_set.images, dm.val_set.images)
+    assert not torch.equal(other.val_set.images, dm.val_set.images)
+    x = torch.stack([dm.val_set[i][0] for i in range(len(dm.val_set))])
+    assert x.dtype == torch.float32 and abs(x.mean().item()) < 0.1 and 0.8 < x.std().item() < 1.2
+
+
+def test_digits_augmentation_crops_but_never_flips():
+    dm = DigitsDataModule()
+    raw = dm.train_set.images[0].float() / 255
+    mean, std = torch.tensor(dm.mean)[:, None, None], torch.tensor(dm.std)[:, None, None]
+    views = [dm.train_set[0][0] * std + mean for _ in range(30)]
+    assert any(not torch.allclose(v, raw, atol=1e-5) for v in views)  # crops move the digit
+    flipped = raw.flip(-1)
+    assert not any(torch.allclose(v, flipped, atol=1e-5) for v in views)
+
+
+def _bad_files(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "text.png").write_text("not an image")
+    (folder / "zero.jpg").write_bytes(b"")
+    good = folder / "good.png"
+    Image.fromarray(np.zeros((20, 20, 3), dtype=np.uint8)).save(good)
+    (folder / "truncated.png").write_bytes(good.read_bytes()[:40])
+
+
+def test_image_folder_skips_and_lists_bad_files(tmp_path, caplog):
+    for c in ("a", "b"):
+        _write_images(tmp_path / c, 5, "RGB", (24, 24), ord(c))
+    _bad_files(tmp_path / "a")
+    with caplog.at_level("WARNING", logger="vit.data.folder"):
+        dm = ImageFolderDataModule(str(tmp_path), num_workers=0)
+        dm.setup("fit")
+    assert len(dm.train_set) + len(dm.val_set) == 11  # 5 + 5 + the good one
+    skipped = [r.message for r in caplog.records if r.message.startswith("skipping")]
+    assert len(skipped) == 3 and any("zero.jpg: not an image" in m for m in skipped)
+    assert any("truncated.png" in m for m in skipped)
+
+
+def test_image_folder_strict_stops_before_training(tmp_path):
+    for c in ("a", "b"):
+        _write_images(tmp_path / c, 3, "RGB", (24, 24), ord(c))
+    _bad_files(tmp_path / "b")
+    with pytest.raises(DataError, match=r"3 unreadable image\(s\) and strict=true: .*text.png: not an image"):
+        ImageFolderDataModule(str(tmp_path), num_workers=0, strict=True)
+
+
+def test_an_empty_class_folder_is_an_error(tmp_path):
+    _write_images(tmp_path / "train" / "a", 3, "RGB", (24, 24), 0)
+    (tmp_path / "train" / "empty").mkdir()
+    (tmp_path / "train" / "empty" / "broken.png").write_text("x")
+    _write_images(tmp_path / "val" / "a", 2, "RGB", (24, 24), 1)
+    with pytest.raises(DataError, match=r"class folder\(s\) \['empty'\] hold no usable image"):
+        ImageFolderDataModule(str(tmp_path), num_workers=0)
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_eval_batch_size_sets_validation_batches_only(in_memory):
+    dm = DigitsDataModule(batch_size=32, eval_batch_size=100, in_memory=in_memory)
+    dm.setup("fit")
+    assert {len(x) for x, _ in dm.train_dataloader()} == {32}
+    assert [len(x) for x, _ in dm.val_dataloader()] == [100, 100, 100, 60]
+    assert [len(x) for x, _ in DigitsDataModule(batch_size=50).val_dataloader()][:1] == [50]  # default: batch_size
+    with pytest.raises(ValueError, match="eval_batch_size=0"):
+        DigitsDataModule(eval_batch_size=0)
+
+
+def test_mean_std_in_chunks_equal_the_whole_set_and_the_stack_releases_the_list():
+    from vit.data.folder import channel_mean_std, stack_releasing
+
+    x = torch.randint(0, 256, (50, 3, 6, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    mean, std = channel_mean_std(x, chunk=7)
+    ref = x.float() / 255
+    torch.testing.assert_close(mean, ref.mean(dim=(0, 2, 3)))
+    torch.testing.assert_close(std, ref.std(dim=(0, 2, 3)))
+    images = list(x)
+    stacked = stack_releasing(images)
+    assert torch.equal(stacked, x) and all(img is None for img in images)  # nothing kept twice

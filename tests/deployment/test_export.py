@@ -1,0 +1,143 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from PIL import Image
+
+from vit.commands.export import main
+from vit.deployment.export import export
+from vit.model.vision_transformer import VisionTransformer
+
+
+@pytest.mark.parametrize(
+    "cfg", [{}, {"global_pool": "token", "pos_embed": "sincos2d"}, {"stem": "conv"}], ids=["avg", "token", "convstem"]
+)
+def test_onnx_logits_match_pytorch_with_a_dynamic_batch(cfg, tmp_path):
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, **cfg)
+    path = export(model, "onnx", tmp_path / "m.onnx", img_size=32)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for batch in (1, 3, 8):
+        x = torch.randn(batch, 3, 32, 32)
+        with torch.no_grad():
+            ref = model(x).numpy()
+        np.testing.assert_allclose(session.run(None, {"images": x.numpy()})[0], ref, atol=1e-4, rtol=0)
+
+
+def test_torchscript_matches_pytorch(tmp_path):
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5)
+    path = export(model, "torchscript", tmp_path / "m.pt", img_size=32)
+    loaded = torch.jit.load(str(path))
+    for batch in (1, 4):
+        x = torch.randn(batch, 3, 32, 32)
+        torch.testing.assert_close(loaded(x), model(x), atol=1e-5, rtol=0)
+
+
+def test_cli_writes_the_preprocessing_beside_the_model(tmp_path):
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3)
+    hp = dict(
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        num_classes=3,
+        class_names=["a", "b", "c"],
+        mean=[0.1, 0.2, 0.3],
+        std=[0.4, 0.5, 0.6],
+    )
+    torch.save(
+        {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "hyper_parameters": hp},
+        tmp_path / "m.ckpt",
+    )
+    assert main(["--ckpt", str(tmp_path / "m.ckpt"), "--format", "torchscript", "--out", str(tmp_path / "m.pt")]) == 0
+    meta = json.loads((tmp_path / "m.pt.json").read_text())
+    assert meta["mean"] == [0.1, 0.2, 0.3] and meta["class_names"] == ["a", "b", "c"]
+    assert meta["shape"][1:] == [3, 32, 32]
+    assert main(["--ckpt", str(tmp_path / "nope.ckpt"), "--format", "onnx", "--out", str(tmp_path / "x.onnx")]) == 2
+
+
+def _from_sidecar(path: Path, meta: dict) -> np.ndarray:
+    """Another runtime's preprocessing: PIL and numpy only, every step read from the sidecar JSON (no vit code)."""
+    img = Image.open(path)
+    img.load()
+    for step in meta["preprocess"]:
+        kind = step["step"]
+        if kind == "scale_wide_grayscale" and img.mode in step["modes"]:
+            arr = np.asarray(img, dtype=np.float64)
+            top = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0
+            img = Image.fromarray(np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8))
+        elif kind == "composite_alpha" and img.mode in step["modes"]:
+            background = Image.new("RGBA", img.size, (*step["background"], 255))
+            img = Image.alpha_composite(background, img.convert("RGBA"))
+        elif kind == "convert":
+            img = img.convert(step["mode"])
+        elif kind == "resize":
+            w, h = img.size
+            s = step["size"]
+            size = (s, int(s * h / w)) if w <= h else (int(s * w / h), s)
+            img = img.resize(size, Image.BILINEAR)
+        elif kind == "center_crop":
+            (cw, ch), (w, h) = step["size"], img.size
+            top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
+            img = img.crop((left, top, left + cw, top + ch))
+        elif kind == "to_float":
+            arr = np.asarray(img, dtype=np.float32) / 255.0
+            arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)  # (C, H, W)
+        elif kind == "normalize":
+            arr = (arr - np.array(step["mean"], np.float32)[:, None, None]) / np.array(step["std"], np.float32)[
+                :, None, None
+            ]
+        elif kind not in ("scale_wide_grayscale", "composite_alpha"):
+            raise AssertionError(f"a step this runtime does not know: {step}")
+    return arr
+
+
+def _files_in_every_mode(folder: Path) -> list[Path]:
+    """Validation digits saved as RGBA, LA and transparent-palette files whose transparent pixels hide random colours
+    (what `convert('RGB')` shows instead of white), grayscale, 16-bit, and a larger RGB file (resize and crop)."""
+    from vit.data.digits import DigitsDataModule
+
+    rng = np.random.default_rng(0)
+    digits = DigitsDataModule().memory["val"][0][:4, 0].numpy()  # (4, 32, 32) uint8
+    files = []
+    for i, d in enumerate(digits):
+        hole = rng.random(d.shape) < 0.3  # transparent pixels
+        junk = rng.integers(0, 256, (*d.shape, 3), dtype=np.uint8)
+        rgb = np.where(hole[..., None], junk, np.repeat(d[..., None], 3, -1))
+        alpha = np.where(hole, 0, 255).astype(np.uint8)
+        Image.fromarray(np.dstack([rgb, alpha]), "RGBA").save(folder / f"{i}_rgba.png")
+        Image.fromarray(np.dstack([np.where(hole, junk[..., 0], d), alpha]), "LA").save(folder / f"{i}_la.png")
+        pal = Image.fromarray(np.where(hole, 255, d // 2).astype(np.uint8), "P")  # index 255: transparent
+        pal.putpalette([v for k in range(256) for v in ((min(2 * k, 255),) * 3 if k < 255 else (0, 200, 0))])
+        pal.save(folder / f"{i}_palette.png", transparency=255)
+        Image.fromarray(d, "L").save(folder / f"{i}_gray.png")
+        Image.fromarray(d.astype(np.uint16) * 257).save(folder / f"{i}_deep16.png")
+        Image.fromarray(np.repeat(d, 2, 0).repeat(2, 1)).resize((48, 40)).convert("RGB").save(folder / f"{i}_big.png")
+        files += [folder / f"{i}_{kind}.png" for kind in ("rgba", "la", "palette", "gray", "deep16", "big")]
+    return files
+
+
+def test_onnx_fed_as_its_sidecar_says_gives_vit_predicts_answers(smoke_ckpt, tmp_path, capsys):
+    from vit.commands.predict import main as predict_main
+
+    assert main(["--ckpt", str(smoke_ckpt), "--format", "onnx", "--out", str(tmp_path / "m.onnx")]) == 0
+    meta = json.loads((tmp_path / "m.onnx.json").read_text())
+    assert meta["img_size"] == 32 and meta["in_chans"] == 3 and len(meta["class_names"]) == 10  # the README's keys
+    (tmp_path / "imgs").mkdir()
+    files = _files_in_every_mode(tmp_path / "imgs")
+    assert {Image.open(f).mode for f in files} == {"RGBA", "LA", "P", "L", "I;16", "RGB"}
+    capsys.readouterr()
+    assert predict_main(["--ckpt", str(smoke_ckpt), "--format", "json", "--topk", "10", *map(str, files)]) == 0
+    served = json.loads(capsys.readouterr().out)
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    x = np.stack([_from_sidecar(f, meta) for f in files])
+    # the sidecar's temperature calibrates the probabilities as vit-predict does
+    assert meta["temperature"] == torch.load(smoke_ckpt, weights_only=True)["calibration"]["temperature"] != 1.0
+    probs = (torch.from_numpy(session.run(None, {meta["input"]: x})[0]) / meta["temperature"]).softmax(-1).numpy()
+    for rec, p in zip(served, probs):
+        ours = {d["label"]: d["prob"] for d in rec["predictions"]}
+        assert meta["class_names"][int(p.argmax())] == rec["predictions"][0]["label"], rec["path"]
+        np.testing.assert_allclose([ours[c] for c in meta["class_names"]], p, atol=0.02, err_msg=rec["path"])

@@ -1,0 +1,74 @@
+"""Post-hoc logit adjustment: tau chosen on validation logits, folded into the head's bias of the checkpoint file so
+that every consumer predicts with it; and a fit on a long-tailed folder that does it at the end."""
+
+import re
+import shutil
+
+import torch
+from PIL import Image
+
+from vit.data.digits import DigitsDataModule
+from vit.evaluation.logit_adjustment import adjust_checkpoints, balanced_accuracy, fit_tau, log_prior
+from vit.model.checkpoint import load_checkpoint, load_model
+
+
+def test_fit_tau_undoes_a_skewed_prior():
+    g = torch.Generator().manual_seed(0)
+    counts = [1000, 300, 100, 30, 10]
+    prior = log_prior(counts)
+    true = torch.arange(2000) % 5  # a balanced validation set
+    logits = 2.0 * torch.nn.functional.one_hot(true, 5).float() + torch.randn(2000, 5, generator=g)
+    skewed = logits + 1.0 * prior  # what a model trained on the skewed prior leans towards
+    before = balanced_accuracy(skewed.argmax(-1), true, 5)
+    tau, after = fit_tau(skewed, true, prior)
+    assert 0.6 <= tau <= 1.4 and after > before + 0.05
+    assert fit_tau(logits, true, torch.zeros(5))[0] == 0.0  # nothing to undo: the smallest tau of the tie
+
+
+def test_the_adjustment_is_folded_into_the_head_bias_of_the_file(smoke_ckpt, tmp_path):
+    path = tmp_path / "adjusted.ckpt"
+    shutil.copy(smoke_ckpt, path)
+    model, hp = load_model(path)
+    dm = DigitsDataModule(img_size=hp["img_size"])
+    x, y = dm.memory["val"]
+    counts = [1000, 500, 250, 120, 60, 30, 15, 8, 4, 2]
+    batches = [
+        (
+            (x[:200].float() / 255 - torch.tensor(hp["mean"])[:, None, None]) / torch.tensor(hp["std"])[:, None, None],
+            y[:200],
+        )
+    ]
+    report = adjust_checkpoints([str(path)], batches, counts, torch.device("cpu"))[str(path)]
+    adjusted, _ = load_model(path)
+    with torch.no_grad():
+        expected = model(batches[0][0]) - report["tau"] * log_prior(counts)
+        torch.testing.assert_close(adjusted(batches[0][0]), expected, atol=1e-5, rtol=1e-5)
+    record = load_checkpoint(path)["logit_adjustment"]
+    assert record["tau"] == report["tau"] and abs(sum(record["prior"]) - 1) < 1e-6
+    assert report["balanced_accuracy"] >= report["balanced_accuracy_before"]
+
+
+def test_a_planned_long_tailed_fit_adjusts_its_checkpoints(tmp_path, in_tmp, capsys):
+    from conftest import fit_in
+
+    root = tmp_path / "lt"
+    dm = DigitsDataModule(img_size=16)
+    for split, per_class in (("train", [60, 40, 25, 15, 10, 6, 4, 3, 2, 2]), ("val", [8] * 10)):
+        x, y = dm.memory[split]
+        for c, n in enumerate(per_class):
+            (root / split / str(c)).mkdir(parents=True)
+            for i, img in enumerate(x[y == c][:n]):
+                Image.fromarray(img.permute(1, 2, 0).numpy()).save(root / split / str(c) / f"{i}.png")
+    fit_in(in_tmp, [
+        "fit", "--data.root", str(root), "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false",
+        "--model.arch.embed_dim", "32", "--model.arch.depth", "1", "--model.arch.num_heads", "2",
+        "--attention_maps.every_n_epochs", "0",
+    ])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "best val/acc_balanced " in out and "logit adjustment: tau " in out
+    # the chosen checkpoint's two scores, after the adjustment: its balanced accuracy is the adjustment's result
+    adjusted = re.search(r"logit adjustment: tau \S+, balanced accuracy \S+ -> (\S+) ", out).group(1)
+    chosen = re.search(r"chosen checkpoint on the validation set: accuracy (\S+), balanced accuracy (\S+)", out)
+    assert chosen.group(2) == adjusted and 0 <= float(chosen.group(1)) <= 1
+    last = next((in_tmp / "checkpoints").rglob("last.ckpt"))
+    assert "logit_adjustment" in load_checkpoint(last) and "calibration" in load_checkpoint(last)

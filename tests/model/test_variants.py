@@ -1,0 +1,210 @@
+"""Attention and block variants, each against a plain reference written here, through both attention paths, and
+trained end to end from its config."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vit.evaluation.attention_maps import capture_attention
+from vit.model.config import ViTConfig
+from vit.model.layers import apply_rope, attention_pattern_mask, rope_2d
+from vit.model.vision_transformer import Attention, Block, VisionTransformer
+
+ROOT = Path(__file__).parents[2]
+VARIANTS = sorted((ROOT / "configs" / "variants").glob("*.yaml"))
+SMALL = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5)
+
+
+@pytest.mark.parametrize("kv", [1, 2, 4])
+def test_grouped_query_attention_matches_a_per_head_loop(kv):
+    attn = Attention(32, num_heads=4, num_kv_heads=kv).eval()
+    assert attn.qkv.out_features == (4 + 2 * kv) * 8  # kv heads are not stored per query head
+    x = torch.randn(2, 6, 32)
+    q, k, v = attn.qkv_heads(x)
+    heads = []
+    for h in range(4):  # query head h reads kv head h // (4 / kv)
+        g = h // (4 // kv)
+        w = torch.softmax(q[:, h] @ k[:, g].transpose(-2, -1) / math.sqrt(8), dim=-1)
+        heads.append(w @ v[:, g])
+    ref = attn.proj(torch.stack(heads, 1).transpose(1, 2).reshape(2, 6, 32))
+    for fused in (True, False):
+        attn.fused_attn = fused
+        torch.testing.assert_close(attn(x), ref, atol=1e-5, rtol=0)
+
+
+def _reference_allowed(grid, pattern, window, dilation, global_tokens, qr, qc, kr, kc):
+    local = abs(qr - kr) <= window // 2 and abs(qc - kc) <= window // 2
+    dilated = (qr - kr) % dilation == 0 and (qc - kc) % dilation == 0
+    if pattern == "local":
+        return local
+    if pattern == "dilated":
+        return dilated
+    qi, ki = qr * grid[1] + qc, kr * grid[1] + kc
+    return local or dilated or qi < global_tokens or ki < global_tokens
+
+
+@pytest.mark.parametrize("pattern", ["local", "dilated", "sparse"])
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_pattern_masks_match_a_loop_over_query_patches(pattern, prefix):
+    grid, window, dilation, glob = (4, 5), 3, 2, 2
+    mask = attention_pattern_mask(grid, pattern, window, dilation, glob, prefix)
+    assert mask.shape == (prefix + 20, prefix + 20)
+    assert mask[:prefix].all() and mask[:, :prefix].all()  # the class token is global
+    for qi in range(20):
+        for ki in range(20):
+            expect = _reference_allowed(grid, pattern, window, dilation, glob, *divmod(qi, 5), *divmod(ki, 5))
+            assert bool(mask[prefix + qi, prefix + ki]) == expect, (qi, ki)
+
+
+VARIANT_MODELS = {
+    "gqa": dict(num_kv_heads=2),
+    "mqa": dict(num_kv_heads=1),
+    "local": dict(attn_pattern="local", img_size=48),
+    "dilated": dict(attn_pattern="dilated", global_pool="token"),
+    "sparse": dict(attn_pattern="sparse", attn_global_tokens=2, num_kv_heads=2),
+    "swiglu": dict(mlp_layer="swiglu"),
+    "rmsnorm": dict(norm_layer="rmsnorm"),
+    "postnorm": dict(norm_position="post"),
+    "rope2d": dict(pos_embed="rope2d"),
+    "mla": dict(kv_latent_dim=8),
+    "mla_gqa": dict(kv_latent_dim=8, num_kv_heads=2),
+    "moe": dict(moe_experts=3, moe_top_k=2, moe_capacity_factor=0),
+    "rope_abs_token": dict(rope=True, global_pool="token"),
+    "convstem": dict(stem="conv"),
+}
+
+
+@pytest.mark.parametrize("name", VARIANT_MODELS)
+def test_fused_and_manual_paths_agree_and_maps_can_be_drawn(name):
+    cfg = {**SMALL, **VARIANT_MODELS[name]}
+    model = VisionTransformer(**cfg)
+    x = torch.randn(3, 3, cfg["img_size"], cfg["img_size"])
+    outs = []
+    for fused in (True, False):
+        model.set_fused_attn(fused)
+        model.zero_grad()
+        out = model(x)
+        out.square().sum().backward()
+        outs.append(
+            (out.detach(), [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()])
+        )
+    torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=0)
+    for a, b in zip(outs[0][1], outs[1][1]):  # gradients of a sum of squares reach ~10: relative tolerance
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-3)
+    attns, _ = capture_attention(model.eval(), x)  # what the attention-map callback draws
+    n = (cfg["img_size"] // 8) ** 2 + (cfg.get("global_pool") == "token")
+    assert all(a.shape == (3, 4, n, n) for a in attns)
+    torch.testing.assert_close(attns[0].sum(-1), torch.ones(3, 4, n))
+    mask = model.attn_mask_for(((cfg["img_size"] // 8),) * 2, x.device)
+    if mask is not None:
+        assert (attns[0][:, :, ~mask] == 0).all()  # nothing leaks outside the pattern
+
+
+def test_conv_stem_matches_its_formula_and_keeps_the_token_grid():
+    model = VisionTransformer(**{**SMALL, "stem": "conv", "embed_dim": 64}).eval()
+    stem = model.patch_embed.stem
+    convs = [m for m in stem if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [16, 32, 64] and all(c.stride == (2, 2) for c in convs)  # patch 8
+    for m in stem:  # BatchNorm statistics other than the initial ones: the formula must use them
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1), m.running_var.uniform_(0.5, 2), m.weight.data.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 32, 32)
+    ref = x
+    for conv, bn in zip(convs, [m for m in stem if isinstance(m, torch.nn.BatchNorm2d)]):
+        ref = F.conv2d(ref, conv.weight, stride=2, padding=1)
+        ref = (ref - bn.running_mean[:, None, None]) / torch.sqrt(bn.running_var[:, None, None] + bn.eps)
+        ref = F.relu(ref * bn.weight[:, None, None] + bn.bias[:, None, None])
+    ref = F.conv2d(ref, model.patch_embed.proj.weight, model.patch_embed.proj.bias)  # 1x1 to embed_dim
+    tokens, grid = model.patch_embed(x)
+    assert grid == (4, 4) and tokens.shape == (2, 16, 64)
+    torch.testing.assert_close(tokens, ref.flatten(2).transpose(1, 2), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="stem='conv' needs a power-of-2 patch_size"):
+        ViTConfig(img_size=48, patch_size=12, stem="conv")
+
+
+def test_swiglu_keeps_the_parameter_count_and_matches_its_formula():
+    mlp = Block(ViTConfig(embed_dim=48, num_heads=4, mlp_layer="mlp")).mlp
+    glu = Block(ViTConfig(embed_dim=48, num_heads=4, mlp_layer="swiglu")).mlp
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert abs(count(glu) - count(mlp)) / count(mlp) < 0.02
+    x = torch.randn(2, 5, 48)
+    ref = glu.fc2(F.silu(glu.fc1_g(x)) * glu.fc1_x(x))
+    torch.testing.assert_close(glu(x), ref)
+
+
+def test_rmsnorm_matches_its_formula():
+    model = VisionTransformer(**SMALL, norm_layer="rmsnorm")
+    norm = model.blocks[0].norm1
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 5, 32)
+    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight
+    torch.testing.assert_close(norm(x), ref)
+    assert isinstance(model.blocks[0].attn.q_norm, torch.nn.RMSNorm)
+
+
+def test_post_norm_block_matches_its_formula():
+    blk = Block(ViTConfig(embed_dim=32, num_heads=4, norm_position="post")).eval()
+    x = torch.randn(2, 5, 32)
+    h = blk.norm1(x + blk.attn(x))
+    torch.testing.assert_close(blk(x), blk.norm2(h + blk.mlp(h)))
+
+
+# Each variant's config trains from the command line and its checkpoint loads back: tests/test_configs.py.
+
+
+def test_rope_2d_scores_depend_only_on_the_offset_between_patches():
+    grid, hd = (4, 5), 16
+    cos, sin = rope_2d(grid, hd)
+    torch.manual_seed(0)
+    q = apply_rope(torch.randn(hd).expand(20, hd), cos, sin)  # the same query vector at every patch
+    k = apply_rope(torch.randn(hd).expand(20, hd), cos, sin)
+    scores = q @ k.T  # (20, 20)
+    pos = [divmod(i, 5) for i in range(20)]
+    by_offset = {}
+    for i in range(20):
+        for j in range(20):
+            offset = (pos[i][0] - pos[j][0], pos[i][1] - pos[j][1])
+            by_offset.setdefault(offset, []).append(scores[i, j])
+    for values in by_offset.values():
+        torch.testing.assert_close(torch.stack(values), values[0].expand(len(values)), atol=1e-5, rtol=0)
+    assert len({round(v[0].item(), 4) for v in by_offset.values()}) > 20  # and the offset does matter
+    # norms are kept: a rotation
+    torch.testing.assert_close(q.norm(dim=-1), torch.full((20,), q[0].norm().item()))
+
+
+def test_rope_with_and_without_the_absolute_embedding():
+    for cfg in (
+        {"pos_embed": "rope2d"},
+        {"pos_embed": "learned", "rope": True},
+        {"rope": True, "global_pool": "token"},
+    ):
+        model = VisionTransformer(**SMALL, **cfg)
+        assert (model.pos_embed is None) == (cfg.get("pos_embed") == "rope2d")
+        x = torch.randn(2, 3, 32, 32)
+        model.set_fused_attn(True)
+        a = model(x)
+        model.set_fused_attn(False)
+        torch.testing.assert_close(a, model(x), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="2D RoPE needs a head size divisible by 4"):
+        VisionTransformer(**{**SMALL, "embed_dim": 24, "num_heads": 4}, pos_embed="rope2d")
+
+
+def test_latent_attention_matches_its_formula_and_stores_less():
+    attn = Attention(32, num_heads=4, kv_latent_dim=8).eval()
+    x = torch.randn(2, 6, 32)
+    latent = attn.kv_norm(attn.kv_down(x))  # (B, N, 8): all that keys and values are made of
+    k, v = attn.kv_up(latent).split(32, dim=-1)
+    q = attn.q_norm(attn.q(x).reshape(2, 6, 4, 8).transpose(1, 2))
+    k = attn.k_norm(k.reshape(2, 6, 4, 8).transpose(1, 2))
+    v = v.reshape(2, 6, 4, 8).transpose(1, 2)
+    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8), dim=-1)
+    ref = attn.proj((w @ v).transpose(1, 2).reshape(2, 6, 32))
+    for fused in (True, False):
+        attn.fused_attn = fused
+        torch.testing.assert_close(attn(x), ref, atol=1e-5, rtol=0)
+    per_token_cache = latent.shape[-1]
+    assert per_token_cache == 8 < 2 * 32  # a latent of 8 per token instead of 64 key and value numbers

@@ -1,0 +1,286 @@
+"""Every data source as the recipe planner reads it, before any DataModule is built: the training split's counts, its
+labels, its image headers and its images. One fingerprint (vit/planning/plan.py) and one rule table then plan folders, CIFAR,
+torchvision datasets and litdata streams alike.
+
+    src = source_for(config.data)      # a parsed `data:` config (class_path, init_args)
+    src = folder_source("photos/")     # or one source directly
+    fp = fingerprint(src)              # vit/planning/plan.py: counts, balance, sizes, channels, mirror symmetry, decode time
+
+Nothing is decoded here beyond what a header read needs; the fingerprint decodes its small sample through `image`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torchvision.datasets import DatasetFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
+from vit.data.transforms import DataError
+from vit.data.cifar import open_cifar
+
+from vit.data.images import convert_image, read_image
+
+GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
+# Items a stream's class counts are estimated from when its vit_meta.json has none (chunks written before the
+# optimize command recorded them): each read may fetch a chunk.
+STREAM_LABEL_SAMPLE = 2000
+
+
+@dataclass
+class DataSource:
+    """The training split of one data source, as the fingerprint reads it.
+
+    Args:
+        name: how the plan names the data (a folder, `torch/mnist in data/`, a chunk folder).
+        n_train, n_val: images the run will train and validate on.
+        class_counts: training images per class (of a stream without recorded counts: estimated from a sample).
+        n_items: how many items `label`, `header` and `image` index (a folder's listing, the training split).
+        label, header, image: item i's class; its (width, height, grayscale) from the cheapest read (a file header);
+            the image itself, decoded, as RGB (convert_image), or None when unreadable.
+        decodes: the DataModule decodes every image once at start, which the budget counts; False where the split
+            is held as arrays already (CIFAR, MNIST) or decoded inside each epoch (a stream).
+        in_chans: channels the model will train on (1 for grayscale torchvision sets, 3 otherwise).
+    """
+
+    name: str
+    n_train: int
+    n_val: int
+    class_counts: list[int]
+    n_items: int
+    label: Callable[[int], int]
+    header: Callable[[int], tuple[int, int, bool] | None]
+    image: Callable[[int], Image.Image | None]
+    decodes: bool
+    in_chans: int = 3
+
+
+def is_gray(im: Image.Image) -> bool:
+    """Grayscale modes, and palettes whose colours are all greys."""
+    if im.mode == "P" and (pal := im.getpalette()) is not None:
+        rgb = pal[: 3 * 256]
+        return all(rgb[i] == rgb[i + 1] == rgb[i + 2] for i in range(0, len(rgb), 3))
+    return im.mode in GRAY_MODES
+
+
+def _file_header(path) -> tuple[int, int, bool] | None:
+    try:
+        with Image.open(path) as im:
+            return im.size[0], im.size[1], is_gray(im)
+    except Exception:  # unreadable files are the data module's to report, with the reason
+        return None
+
+
+def _file_image(path) -> Image.Image | None:
+    try:
+        return read_image(path)
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Folders
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def folder_source(root: str | Path, val_fraction: float = 0.2) -> DataSource:
+    """A folder laid out as ImageFolderDataModule reads it: root/<class>/* (val_fraction held out) or root/train and
+    root/val. Counts come from the listing, sizes and modes from file headers."""
+    if not Path(root).is_dir():
+        raise DataError(f"data.root={str(root)!r} is not a folder")  # the data module's words
+    root = Path(root)
+    split = (root / "train").is_dir() and (root / "val").is_dir()
+    train_dir = root / "train" if split else root
+    try:
+        classes, to_idx = find_classes(str(train_dir))
+    except FileNotFoundError:
+        raise DataError(f"{train_dir}: no class subfolders (expected {train_dir}/<class>/<image>)") from None
+    listed = DatasetFolder.make_dataset(str(train_dir), to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+    if not listed:
+        raise DataError(f"{train_dir}: no images with extensions {IMG_EXTENSIONS}")
+    counts = [0] * len(classes)
+    for _, t in listed:
+        counts[t] += 1
+    if split:
+        val_idx = {c: to_idx[c] for c in find_classes(str(root / "val"))[0] if c in to_idx}
+        n_val = len(DatasetFolder.make_dataset(str(root / "val"), val_idx, extensions=IMG_EXTENSIONS, allow_empty=True))
+        n_train = len(listed)
+    else:
+        n_val = max(1, round(len(listed) * val_fraction))
+        n_train = len(listed) - n_val
+        counts = [max(1, round(c * (1 - val_fraction))) for c in counts]
+    return DataSource(
+        name=str(root),
+        n_train=n_train,
+        n_val=n_val,
+        class_counts=counts,
+        n_items=len(listed),
+        label=lambda i: listed[i][1],
+        header=lambda i: _file_header(listed[i][0]),
+        image=lambda i: _file_image(listed[i][0]),
+        decodes=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Dataset objects: CIFAR, torchvision by name
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def dataset_source(name: str, train_ds, n_val: int, in_chans: int = 3) -> DataSource:
+    """A torchvision dataset object (its __getitem__ gives a PIL image and a label). File-backed datasets are read
+    like a folder (headers, then the file); array-backed ones (CIFAR, the MNIST family) hand out their images."""
+    from vit.data.torchvision_data import _files, _targets
+
+    targets = _targets(train_ds)
+    paths = _files(train_ds)[0]
+    if paths:
+        header = lambda i: _file_header(paths[i])  # noqa: E731
+        image = lambda i: _file_image(paths[i])  # noqa: E731
+    else:
+
+        def image(i: int) -> Image.Image | None:
+            img = train_ds[i][0]
+            return convert_image(img) if isinstance(img, Image.Image) else None
+
+        def header(i: int) -> tuple[int, int, bool] | None:
+            img = train_ds[i][0]
+            return (img.size[0], img.size[1], is_gray(img)) if isinstance(img, Image.Image) else None
+
+    num_classes = len(getattr(train_ds, "classes", None) or []) or int(targets.max()) + 1
+    return DataSource(
+        name=name,
+        n_train=len(targets),
+        n_val=n_val,
+        class_counts=torch.bincount(targets, minlength=num_classes).tolist(),
+        n_items=len(targets),
+        label=lambda i: int(targets[i]),
+        header=header,
+        image=image,
+        decodes=bool(paths),
+        in_chans=in_chans,
+    )
+
+
+def cifar_source(dataset: str = "cifar10", root: str = "data", download: bool = True) -> DataSource:
+    train = open_cifar(dataset, root, True, download=download)
+    val = open_cifar(dataset, root, False, download=download)
+    return dataset_source(f"{dataset} in {root}/", train, len(val))
+
+
+def torchvision_source(dataset: str, root: str = "data", download: bool = True, to_rgb: bool = False) -> DataSource:
+    from vit.data.torchvision_data import SPLIT_BY_TRAIN, _targets, open_split, resolve
+
+    name, cls, splits = resolve(dataset)
+    train_kwargs, val_kwargs = splits or SPLIT_BY_TRAIN
+    train = open_split(name, cls, train_kwargs, Path(root), download)
+    val = open_split(name, cls, val_kwargs, Path(root), download)
+    # the MNIST family trains on one channel unless to_rgb (TorchvisionDataModule's rule)
+    data = getattr(train, "data", None)
+    gray_arrays = isinstance(data, torch.Tensor) and data.ndim == 3
+    return dataset_source(f"torch/{name} in {root}/", train, len(_targets(val)), 1 if gray_arrays and not to_rgb else 3)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# litdata streams
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def stream_source(input_dir: str, cache_dir: str | None = None, trust_pickles: bool = False) -> DataSource:
+    """litdata chunks written by `python -m vit.commands.streaming optimize`: the items hold the encoded file and
+    its label. Counts come from vit_meta.json where the optimize command recorded them, else from a seeded sample
+    of STREAM_LABEL_SAMPLE items."""
+    from litdata import StreamingDataset
+
+    from vit.data.streaming import META, read_meta, refuse_pickled_items
+
+    input_dir = input_dir.rstrip("/")
+    if "://" not in input_dir and not Path(input_dir, META).is_file():
+        raise DataError(
+            f"{input_dir}/{META}: not found; write the chunks with: python -m vit.commands.streaming optimize ROOT OUT"
+        )
+    meta = read_meta(f"{input_dir}/{META}")
+    if not trust_pickles:  # reading an item unpickles it: the same refusal as the DataModule's, before any read
+        for split in ("train", "val"):
+            refuse_pickled_items(f"{input_dir}/{split}/index.json", read_meta)
+    train = StreamingDataset(f"{input_dir}/train", cache_dir=cache_dir)
+    n_val = len(StreamingDataset(f"{input_dir}/val", cache_dir=cache_dir))
+    n, classes = len(train), len(meta["class_names"])
+
+    def item(i: int) -> dict:
+        return train[i]
+
+    counts = meta.get("class_counts")
+    if counts is None:
+        pick = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:STREAM_LABEL_SAMPLE].tolist()
+        seen = torch.bincount(torch.tensor([int(item(i)["label"]) for i in pick]), minlength=classes)
+        counts = [max(1, round(c * n / len(pick))) for c in seen.tolist()]
+
+    def image(i: int) -> Image.Image | None:
+        return _file_image(io.BytesIO(item(i)["data"]))
+
+    def header(i: int) -> tuple[int, int, bool] | None:
+        return _file_header(io.BytesIO(item(i)["data"]))
+
+    return DataSource(
+        name=input_dir,
+        n_train=n,
+        n_val=n_val,
+        class_counts=list(counts),
+        n_items=n,
+        label=lambda i: int(item(i)["label"]),
+        header=header,
+        image=image,
+        decodes=False,  # decoded by the loader's workers inside each epoch: the timed epochs say what it costs
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# From a parsed config
+# ---------------------------------------------------------------------------------------------------------------------
+
+PLANNED = {
+    "vit.data.ImageFolderDataModule": "a folder (--data.root PATH)",
+    "vit.data.CIFARDataModule": "CIFAR-10/100",
+    "vit.data.TorchvisionDataModule": "torch/NAME",
+    "vit.data.StreamingDataModule": "litdata chunks",
+}
+
+
+def public_class_path(path: str | None) -> str | None:
+    """A DataModule's class path as vit.data.<Name> (the path configs name), whichever module path `path` uses
+    (vit.data.folder.ImageFolderDataModule, or vit.datasets.TorchvisionDataModule of a file older than the split);
+    `path` itself for any other class."""
+    import vit.data
+
+    module, _, name = (path or "").rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name, None) if module else None
+    except ImportError:
+        return path
+    return f"vit.data.{name}" if name in vit.data.HOMES and cls is getattr(vit.data, name) else path
+
+
+def source_for(data) -> DataSource:
+    """The source a parsed `data:` config (class_path, init_args) names; ValueError for a DataModule the planner does
+    not read (the built-in digits, a class of your own)."""
+    path, init = public_class_path(data.get("class_path")), data.get("init_args") or {}
+    get = lambda key, default=None: init.get(key, default) if init.get(key) is not None else default  # noqa: E731
+    if path == "vit.data.ImageFolderDataModule":
+        return folder_source(get("root"), val_fraction=get("val_fraction", 0.2))
+    if path == "vit.data.CIFARDataModule":
+        return cifar_source(get("dataset", "cifar10"), get("root", "data"), get("download", True))
+    if path == "vit.data.TorchvisionDataModule":
+        return torchvision_source(get("dataset", "torch/mnist"), get("root", "data"), get("download", True),
+                                  get("to_rgb", False))  # fmt: skip
+    if path == "vit.data.StreamingDataModule":
+        return stream_source(get("input_dir", "chunks"), get("cache_dir"), get("trust_pickles", False))
+    raise ValueError(
+        f"--budget and plan: true plan {', '.join(PLANNED.values())}; not {path}, whose config has a fixed recipe: "
+        "set --trainer.max_epochs instead"
+    )

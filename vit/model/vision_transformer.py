@@ -1,0 +1,320 @@
+"""A Vision Transformer in plain torch.nn: patches, 2D position embeddings, Pre-Norm blocks with QK-Norm, pooling.
+
+No Lightning here: `vit/training/module.py` wraps this model for training. Submodule names follow timm's
+`VisionTransformer` (`patch_embed.proj`, `pos_embed`, `blocks.N.attn.qkv`, `attn.q_norm`, `mlp.fc1`, `norm`, `head`)
+so that state dicts map onto timm's one to one.
+
+Every architecture field is declared once, in `ViTConfig` below (type, default, meaning, validation); the YAML's
+`model.arch` section, checkpoints, timm interop and the recipe planner all read and write that one class.
+
+    model = VisionTransformer(ViTConfig(img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=6))
+    model = VisionTransformer(img_size=32, embed_dim=192)   # the same: keywords are ViTConfig's fields
+    logits = model(images)  # (B, 3, 32, 32) -> (B, 10)
+"""
+
+import dataclasses
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import DropPath, LayerScale, Mlp, PatchDropout, SwiGLU, resample_abs_pos_embed, trunc_normal_
+
+from vit.model.config import ViTConfig
+from vit.model.layers import apply_rope, attention_pattern_mask, get_norm_layer, rope_2d, sincos_2d_pos_embed
+from vit.model.moe import MoEMlp
+
+
+def conv_stem(in_chans: int, embed_dim: int, patch_size: int) -> nn.Sequential:
+    """Xiao et al. (2021)'s convolutional stem: n = log2(patch_size) 3x3 stride-2 convolutions, each followed by
+    BatchNorm and ReLU, widths embed_dim / 2^(n-1), ..., embed_dim / 2, embed_dim (at least 16, so that a long stem
+    in front of a narrow model keeps some channels at full resolution): (B, C, H, W) -> (B, D', H/p, W/p). Their ViT-S
+    stem (48, 96, 192, 384 for patch 16) is this rule at embed_dim 384."""
+    n = patch_size.bit_length() - 1
+    widths = [max(16, embed_dim >> (n - 1 - i)) for i in range(n)]
+    layers: list[nn.Module] = []
+    for c_in, c_out in zip([in_chans, *widths], widths):
+        layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+class PatchEmbed(nn.Module):
+    """Image to patch tokens: (B, C, H, W) -> (B, N, D), N = (H/p) * (W/p). One strided convolution (`proj`), or with
+    `stem='conv'` a convolutional stem (`stem`) and a 1x1 convolution (`proj`) to the token width."""
+
+    def __init__(self, patch_size: int, in_chans: int, embed_dim: int, stem: str = "patch"):
+        super().__init__()
+        self.patch_size, self.in_chans = patch_size, in_chans
+        if stem == "conv":
+            self.stem = conv_stem(in_chans, embed_dim, patch_size)
+            self.proj = nn.Conv2d(self.stem[-3].out_channels, embed_dim, kernel_size=1)
+        else:
+            self.stem = nn.Identity()
+            self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        H, W = x.shape[-2:]
+        if H % self.patch_size or W % self.patch_size:
+            raise ValueError(f"input size {H}x{W} is not divisible by patch_size={self.patch_size}")
+        x = self.proj(self.stem(x))  # (B, D, H/p, W/p)
+        grid = (x.shape[-2], x.shape[-1])
+        return x.flatten(2).transpose(1, 2), grid  # (B, N, D)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with QK-Norm.
+
+    `fused_attn` (per instance) picks `F.scaled_dot_product_attention` (FlashAttention / memory-efficient kernels on
+    GPU, the flash kernel on CPU) or the manual `softmax(q k^T / sqrt(d)) v`, which materialises the weights: they pass
+    through `attn_drop`, where `vit.evaluation.attention_maps` reads them.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int,
+        qkv_bias: bool = True,
+        qk_norm: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] = nn.LayerNorm,
+        num_kv_heads: int | None = None,
+        kv_latent_dim: int | None = None,
+    ):
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads or num_heads  # < num_heads: grouped-query attention; 1: multi-query
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.fused_attn = True
+        kv_dim = self.num_kv_heads * self.head_dim
+        self.kv_latent_dim = kv_latent_dim
+        if kv_latent_dim:
+            # Multi-head latent attention (DeepSeek-V2), non-causal: keys and values are up-projected from one shared
+            # low-rank latent of each token, c = norm(W_down x); q comes from x directly (no decoupled RoPE here).
+            self.q = nn.Linear(dim, num_heads * self.head_dim, bias=qkv_bias)
+            self.kv_down = nn.Linear(dim, kv_latent_dim, bias=False)
+            self.kv_norm = norm_layer(kv_latent_dim)
+            self.kv_up = nn.Linear(kv_latent_dim, 2 * kv_dim, bias=qkv_bias)
+        else:
+            # q, then k and v for the kv heads only: [H * Dh | KV * Dh | KV * Dh] (timm's fused qkv when KV == H)
+            self.qkv = nn.Linear(dim, num_heads * self.head_dim + 2 * kv_dim, bias=qkv_bias)
+        # One norm over head_dim shared by all heads (timm's qk_norm), applied before the dot product.
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, H, N, Dh) and k, v (B, KV, N, Dh), q and k normalised."""
+        B, N, C = x.shape
+        H, KV, Dh = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.kv_latent_dim:
+            q = self.q(x)
+            k, v = self.kv_up(self.kv_norm(self.kv_down(x))).split([KV * Dh, KV * Dh], dim=-1)  # (B, N, latent) up
+        else:
+            q, k, v = self.qkv(x).split([H * Dh, KV * Dh, KV * Dh], dim=-1)
+        q = q.reshape(B, N, H, Dh).transpose(1, 2)  # (B, N, H * Dh) -> (B, H, N, Dh)
+        k = k.reshape(B, N, KV, Dh).transpose(1, 2)
+        v = v.reshape(B, N, KV, Dh).transpose(1, 2)
+        return self.q_norm(q), self.k_norm(k), v
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
+        """x (B, N, D); attn_mask (N, N) bool, True where a query may attend to a key; rope (cos, sin) of the
+        patch tokens (prefix tokens such as the class token are not rotated)."""
+        B, N, C = x.shape
+        q, k, v = self.qkv_heads(x)
+        if rope is not None:
+            p = N - rope[0].shape[0]
+            q = torch.cat([q[:, :, :p], apply_rope(q[:, :, p:], *rope)], dim=2)
+            k = torch.cat([k[:, :, :p], apply_rope(k[:, :, p:], *rope)], dim=2)
+        gqa = self.num_kv_heads != self.num_heads
+        if self.fused_attn:
+            # enable_gqa: SDPA shares each kv head across its group of query heads without copying it
+            x = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, enable_gqa=gqa, dropout_p=self.attn_drop.p if self.training else 0.0
+            )
+        else:
+            if gqa:
+                group = self.num_heads // self.num_kv_heads
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, N, Dh)
+            attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
+            if attn_mask is not None:
+                attn = attn.masked_fill(~attn_mask, float("-inf"))
+            attn = self.attn_drop(attn.softmax(dim=-1))
+            x = attn @ v
+        x = x.transpose(1, 2).reshape(B, N, C)  # (B, H, N, Dh) -> (B, N, D)
+        return self.proj_drop(self.proj(x))
+
+
+class Block(nn.Module):
+    """Transformer block: Pre-Norm x + attn(norm1(x)), then x + mlp(norm2(x)) (or Post-Norm), LayerScale, DropPath.
+
+    Built from the architecture config; `drop_path` is this block's own rate (it grows with depth)."""
+
+    def __init__(self, cfg: ViTConfig, drop_path: float = 0.0):
+        super().__init__()
+        dim, norm_layer = cfg.embed_dim, get_norm_layer(cfg.norm_layer)
+        self.post_norm = cfg.norm_position == "post"
+        self.norm1 = norm_layer(dim)
+        self.attn = Attention(
+            dim,
+            num_heads=cfg.num_heads,
+            qkv_bias=cfg.qkv_bias,
+            qk_norm=cfg.qk_norm,
+            attn_drop=cfg.attn_drop_rate,
+            proj_drop=cfg.drop_rate,
+            norm_layer=norm_layer,
+            num_kv_heads=cfg.num_kv_heads,
+            kv_latent_dim=cfg.kv_latent_dim,
+        )
+        self.ls1 = LayerScale(dim, cfg.init_values) if cfg.init_values else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        hidden = int(dim * cfg.mlp_ratio)
+        if cfg.moe_experts > 0:  # E experts of the dense MLP's size: each token pays for top_k of them
+            self.mlp = MoEMlp(
+                dim,
+                hidden,
+                num_experts=cfg.moe_experts,
+                top_k=cfg.moe_top_k,
+                capacity_factor=cfg.moe_capacity_factor,
+                drop=cfg.drop_rate,
+            )
+        elif cfg.mlp_layer == "swiglu":  # three matrices instead of two: 2/3 of the hidden size keeps the parameters
+            self.mlp = SwiGLU(dim, max(1, round(hidden * 2 / 3)), act_layer=nn.SiLU, drop=cfg.drop_rate)
+        else:
+            self.mlp = Mlp(dim, hidden, act_layer=nn.GELU, drop=cfg.drop_rate)
+        self.ls2 = LayerScale(dim, cfg.init_values) if cfg.init_values else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
+        if self.post_norm:  # the original Transformer's order: normalise after each residual sum
+            x = self.norm1(x + self.drop_path1(self.ls1(self.attn(x, attn_mask, rope))))
+            return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask, rope)))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+class VisionTransformer(nn.Module):
+    """ViT classifier built from a `ViTConfig`, or from its fields as keywords (overriding `cfg`'s)."""
+
+    def __init__(self, cfg: ViTConfig | None = None, **fields):
+        super().__init__()
+        unknown = sorted(set(fields) - set(ViTConfig.fields()))
+        if unknown:
+            raise ValueError(f"unknown architecture field(s) {unknown}; known: {list(ViTConfig.fields())}")
+        cfg = dataclasses.replace(cfg or ViTConfig(), **fields)  # validated again by __post_init__
+        self.cfg = cfg
+        self.num_classes = cfg.num_classes
+        self.embed_dim = cfg.embed_dim
+        self.global_pool = cfg.global_pool
+        self.grid_size = (cfg.img_size // cfg.patch_size, cfg.img_size // cfg.patch_size)
+        self.num_prefix_tokens = 1 if cfg.global_pool == "token" else 0
+        self.pos_embed_type = cfg.pos_embed
+        norm = get_norm_layer(cfg.norm_layer)
+
+        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim, cfg.stem)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.global_pool == "token" else None
+        num_patches = self.grid_size[0] * self.grid_size[1]
+        self.use_rope = cfg.rope or cfg.pos_embed == "rope2d"
+        if cfg.pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(1, num_patches, cfg.embed_dim))
+        elif cfg.pos_embed == "sincos2d":  # fixed: a buffer, not saved, recomputed for other grids
+            pe = sincos_2d_pos_embed(*self.grid_size, cfg.embed_dim)
+            self.register_buffer("pos_embed", pe, persistent=False)
+        else:  # rope2d alone: positions enter only through the rotation of q and k
+            self.pos_embed = None
+        self.pos_drop = nn.Dropout(cfg.drop_rate)
+        # (B, prefix + N, D) -> (B, prefix + keep, D) in training only; prefix tokens are always kept
+        self.patch_drop = (
+            PatchDropout(cfg.patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens) if cfg.patch_drop_rate else None
+        )
+        dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()  # stochastic depth grows with depth
+        self.attn_pattern = (cfg.attn_pattern, cfg.attn_window, cfg.attn_dilation, cfg.attn_global_tokens)
+        self._masks: dict = {}  # (grid, device) -> mask, ("rope", grid, device) -> (cos, sin): once per input size
+        self.blocks = nn.ModuleList([Block(cfg, drop_path=dpr[i]) for i in range(cfg.depth)])
+        self.norm = nn.Identity() if cfg.fc_norm else norm(cfg.embed_dim)
+        self.fc_norm = norm(cfg.embed_dim) if cfg.fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        # timm's default ('') init: trunc-normal(0.02) for linears and the learned pos embed, tiny class token.
+        if isinstance(self.pos_embed, nn.Parameter):
+            trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that AdamW should not decay (besides norms and biases)."""
+        return {"pos_embed", "cls_token"}
+
+    def set_fused_attn(self, enable: bool) -> None:
+        """Switch every attention block between the fused SDPA path and the manual path."""
+        for m in self.modules():
+            if isinstance(m, Attention):
+                m.fused_attn = enable
+
+    def pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor | None:
+        """The position embedding for a patch grid, (1, gh * gw, D); resampled when the grid is not the trained one."""
+        if self.pos_embed is None:
+            return None
+        if grid == self.grid_size:
+            return self.pos_embed
+        if self.pos_embed_type == "sincos2d":
+            return sincos_2d_pos_embed(*grid, self.embed_dim).to(self.pos_embed)
+        return resample_abs_pos_embed(
+            self.pos_embed, new_size=list(grid), old_size=list(self.grid_size), num_prefix_tokens=0
+        )
+
+    def rope_for(self, grid: tuple[int, int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of the 2D rotary embedding for a patch grid, built once per grid."""
+        key = ("rope", grid, device)
+        if key not in self._masks:
+            self._masks[key] = tuple(
+                t.to(device) for t in rope_2d(grid, self.embed_dim // self.blocks[0].attn.num_heads)
+            )
+        return self._masks[key]
+
+    def attn_mask_for(self, grid: tuple[int, int], device: torch.device) -> torch.Tensor | None:
+        """The (T, T) attention mask of `attn_pattern` for a patch grid (None for global attention)."""
+        if self.attn_pattern[0] == "global":
+            return None
+        key = (grid, device)
+        if key not in self._masks:
+            self._masks[key] = attention_pattern_mask(grid, *self.attn_pattern, self.num_prefix_tokens).to(device)
+        return self._masks[key]
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> tokens (B, prefix + N, D) after the final norm."""
+        x, grid = self.patch_embed(x)
+        pos = self.pos_embed_for(grid)
+        if pos is not None:
+            x = x + pos
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = self.pos_drop(x)
+        if self.patch_drop is not None:
+            x = self.patch_drop(x)
+        mask = self.attn_mask_for(grid, x.device)
+        rope = self.rope_for(grid, x.device) if self.use_rope else None
+        for blk in self.blocks:
+            x = blk(x, mask, rope)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Pool the tokens (mean of the patches, or the class token) and classify: (B, T, D) -> (B, num_classes)."""
+        x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.global_pool == "avg" else x[:, 0]
+        x = self.head_drop(self.fc_norm(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))

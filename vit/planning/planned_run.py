@@ -1,0 +1,234 @@
+"""A planned training run: vit/planning/plan.py's recipe applied to the parsed config, kept inside its time budget, and
+saved.
+
+    vit-train fit --data.root PATH                   # configs/folder.yaml: plan: true
+    vit-train fit --data.root PATH --budget 5min     # model and epochs chosen to finish in 5 minutes, start to exit
+    vit-train --budget 30min                         # CIFAR-10 (configs/cifar10.yaml's data, a planned recipe)
+    vit-train --config configs/mnist.yaml --data.init_args.dataset torch/fashion_mnist --budget 5min
+
+vit/commands/train.py calls `apply_plan` before anything is built (a folder is decoded once, at the planned size),
+adds the `FitBudget` callback, and writes <run>/plan.yaml: the complete config, `plan: false`, so that
+`vit-train fit --config <run>/plan.yaml` trains the same run again without planning.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import lightning as L
+import yaml
+from lightning.pytorch.utilities import rank_zero_info
+
+from vit.data.sources import source_for
+from vit.model.config import follows_patch_grid
+from vit.planning.budget import parse_budget, process_start
+from vit.planning.fingerprint import fingerprint
+from vit.planning.plan import FIXED_S, Plan, make_plan, warmup_epochs
+from vit.planning.speed import Machine
+from vit.training.schedules import lr_factor, schedule_warmup
+
+# Of the remaining budget, kept free when FitBudget resizes the run: timed epochs leave out the attention maps (five
+# times a run) and the drift of a shared machine. With 5% and one timed epoch, runs ended 7-11% over 3 and 5 minutes.
+RESERVE = 0.10
+
+
+def _flatten(tree, prefix: str = "") -> set[str]:
+    if not isinstance(tree, dict) or not tree:
+        return {prefix} if prefix else set()
+    keys = set()
+    for k, v in tree.items():
+        keys |= _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+    return keys
+
+
+def _canonical(key: str) -> str:
+    """`data.root` and `data.init_args.root` name the same field (subclass mode accepts both)."""
+    parts = key.split(".")
+    if parts[0] == "data" and len(parts) > 1 and parts[1] not in ("init_args", "class_path"):
+        parts.insert(1, "init_args")
+    return ".".join(parts)
+
+
+def shipped_recipe(path: str | Path) -> bool:
+    """A recipe config shipped with the toolkit (configs/*.yaml of the package or this checkout, not the variants):
+    with --budget its recipe fields are what the plan replaces; its data source, seed and logger stay."""
+    package = Path(__file__).resolve().parent.parent  # vit/
+    p = Path(path).resolve()
+    return any(p.parent == root and p.suffix == ".yaml" for root in (package / "configs", package.parent / "configs"))
+
+
+def explicit_keys(argv: Sequence[str], config_paths: Sequence[str | Path]) -> set[str]:
+    """Every config key the user set: in a `--config` file of their own (not a shipped recipe: `python train.py
+    --budget 30min` plans CIFAR-10 instead of keeping configs/cifar10.yaml's 200 epochs) or as a `--key value` flag.
+    These win over the plan."""
+    keys: set[str] = set()
+    for path in config_paths:
+        if shipped_recipe(path):
+            continue
+        try:
+            keys |= _flatten(yaml.safe_load(Path(path).read_text()) or {})
+        except (OSError, yaml.YAMLError):
+            continue  # jsonargparse has parsed (or reported) it already
+    for a in argv:
+        if a.startswith("--") and a != "--config" and not a.startswith("--config="):
+            keys.add(a[2:].split("=", 1)[0].rstrip("+"))
+    return {_canonical(k) for k in keys}
+
+
+def is_explicit(key: str, explicit: set[str]) -> bool:
+    parts = key.split(".")
+    return any(".".join(parts[:i]) in explicit for i in range(1, len(parts) + 1))
+
+
+def apply_plan(config, argv: Sequence[str], clock: Callable[[], float] = time.time) -> tuple[Plan, float | None] | None:
+    """Plan when `config.plan` or `--budget` asks for it: fingerprint the data (any source of vit/data/sources.py),
+    calibrate, write the plan's values into `config` (a jsonargparse Namespace of `fit`) wherever the user did not
+    set the key. Returns (the plan, the
+    deadline as a `clock` time) or None when not planning. Raises ValueError with one line when it cannot plan."""
+    budget = parse_budget(config.get("budget"))
+    max_time = config.trainer.get("max_time")
+    if not config.get("plan") and budget is None:
+        return None
+    if config.get("ckpt_path"):  # a new plan could choose another model than the checkpoint's
+        raise ValueError(
+            f"ckpt_path={config.ckpt_path}: resume a planned run from its saved plan, not a new one: "
+            "vit-train fit --config logs/<run>/version_<n>/plan.yaml --ckpt_path ..."
+        )
+    if budget is None and max_time is not None:
+        budget = parse_budget(max_time)  # the plan fits the whole schedule in it instead of cutting it short
+    if budget is not None:
+        config.trainer.max_time = None
+    start = process_start()
+    fp = fingerprint(source_for(config.data))
+    explicit = explicit_keys(argv, [str(p) for p in (config.get("config") or [])])
+    plan = make_plan(fp, Machine.here(), budget_s=budget, elapsed_s=clock() - start)
+    yours = []
+    for key, value in plan.overrides.items():
+        if is_explicit(key, explicit):
+            yours.append(f"{key}={config.get(key)}")
+        else:
+            config[key] = tuple(value) if isinstance(value, list) else value
+    if config.get("model.arch.patch_drop_rate") and not is_explicit("model.arch.patch_drop_rate", explicit):
+        arch = config.model.arch
+        if follows_patch_grid(arch.get("attn_pattern", "global"), arch.get("rope"), arch.get("pos_embed")):
+            # your attention follows the patch grid (the model refuses PatchDropout there): train every token
+            config.model.arch.patch_drop_rate = 0.0
+            plan.rows.append(("patch dropout", "off", "your attention pattern or RoPE needs every token"))
+    if is_explicit("trainer.max_epochs", explicit) and not is_explicit("model.warmup_epochs", explicit):
+        config.model.warmup_epochs = warmup_epochs(config.trainer.max_epochs or 1)  # 5% of your epochs
+    if yours:
+        plan.rows.append(("yours (wins)", ", ".join(yours), "set in a config or on the command line"))
+    rank_zero_info(f"plan for {fp.root}:\n{plan.table()}")
+    deadline = start + budget if budget is not None else None
+    return plan, deadline
+
+
+def plan_yaml(parser, config, max_epochs: int, plan: Plan) -> str:
+    """The complete config of this run with the plan's choices written in, `plan: false` and no budget: training
+    from it repeats the run without planning."""
+    cfg = config.clone()
+    cfg.plan, cfg.budget = False, None
+    cfg.trainer.max_epochs = max_epochs
+    if "config" in cfg:
+        del cfg["config"]
+    header = "# Planned by vit/planning/plan.py; `vit-train fit --config THIS_FILE` repeats the run without planning.\n"
+    header += "".join(f"# {line}\n" for line in plan.table().splitlines())
+    return header + parser.dump(cfg, skip_none=False)
+
+
+class FitBudget(L.Callback):
+    """Keeps a planned run inside its budget. The plan's epoch time comes from a few timed model steps; once real
+    epochs (training, validation, checkpoints) have been timed, max_epochs and the cosine schedule with it are set to
+    what fits before the deadline. It times the first two epochs when warmup lasts two or more (their mean: on this
+    shared 2-core machine single MNIST epochs ranged 4.5-8.0 s around a 5.9 s mean, and the first carries one-time
+    costs), else the first. Either way the resize happens inside warmup, which does not depend on the total, so the
+    run is the same as one planned with the new epoch count from the start (plan.yaml is rewritten with it), and the
+    schedule still completes."""
+
+    def __init__(
+        self,
+        deadline: float,
+        cap: int,
+        on_change: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        teardown_s: float = FIXED_S / 2,
+    ):
+        self.deadline, self.cap, self.on_change, self.clock = deadline, cap, on_change, clock
+        self.teardown_s = teardown_s
+        self._start: float | None = None  # when epoch 0 started
+        self._starts: list[float] = []  # when each epoch started
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        now, epoch = self.clock(), trainer.current_epoch
+        if epoch == 0:
+            self._start, self._starts = now, []
+        self._starts.append(now)
+        at = max(1, min(2, int(pl_module.hparams.warmup_epochs)))  # the epoch whose start ends the timing
+        if epoch > at and self._start is not None:
+            self.keep_in_budget(trainer, pl_module, now, epoch)
+        if epoch == at and self._start is not None:
+            epoch_s = (now - self._start) / at
+            spare = (self.deadline - now - self.teardown_s) * (1 - RESERVE)
+            fit = at + int(spare // epoch_s)
+            # every rank of a DDP run must stop after the same epoch: rank 0's clock decides
+            epochs = trainer.strategy.broadcast(max(at + 1, min(self.cap, fit)), src=0)
+            self.resize(trainer, pl_module, epochs, epoch_s)
+
+    def keep_in_budget(self, trainer, pl_module, now: float, epoch: int) -> None:
+        """After the sizing, follow the machine: when the epochs run longer than the timed ones (a shared machine
+        slowed down: 12 s epochs became 15 s in a 15-minute run here, which then ended 8% over), end earlier; when
+        they run shorter and at least two more epochs fit with the reserve kept (runs here ended 14% and 25% early),
+        train longer. The rest of the learning-rate schedule is played faster or slower to fit, so the run still ends
+        at its last learning rate."""
+        recent = self._starts[-4:]  # the last three epochs, or fewer
+        epoch_s = (recent[-1] - recent[0]) / (len(recent) - 1)
+        left = self.deadline - self.teardown_s - now
+        if now + (trainer.max_epochs - epoch) * epoch_s + self.teardown_s > self.deadline:
+            fit = epoch + int(left // epoch_s)  # over: as many as fit, no reserve
+        else:
+            fit = epoch + int(left * (1 - RESERVE) // epoch_s)
+            if fit < trainer.max_epochs + 2:  # on time, or too little to gain
+                return
+        epochs = trainer.strategy.broadcast(max(epoch + 1, min(self.cap, fit)), src=0)
+        if epochs == trainer.max_epochs:
+            return
+        steps_per_epoch = trainer.estimated_stepping_batches / trainer.max_epochs
+        done, total, new_total = (round(steps_per_epoch * e) for e in (epoch, trainer.max_epochs, epochs))
+        for cfg in trainer.lr_scheduler_configs:
+            cfg.scheduler.lr_lambdas = [compressed(f, done, total, new_total) for f in cfg.scheduler.lr_lambdas]
+        how = "played faster" if epochs < trainer.max_epochs else "stretched"
+        rank_zero_info(
+            f"budget: epochs now take {epoch_s:.1f} s, so the run ends after {epochs} epochs instead of "
+            f"{trainer.max_epochs}; the rest of the schedule is {how} to fit"
+        )
+        trainer.fit_loop.max_epochs = epochs
+        if self.on_change is not None:
+            self.on_change(epochs)
+
+    def resize(self, trainer, pl_module, epochs: int, epoch_s: float) -> None:
+        old = trainer.max_epochs
+        if epochs == old:
+            return
+        steps_per_epoch = trainer.estimated_stepping_batches / old
+        total = max(1, round(steps_per_epoch * epochs))
+        hp = pl_module.hparams
+        warmup = schedule_warmup(hp.warmup_epochs, steps_per_epoch, total, epochs)
+        trainer.fit_loop.max_epochs = epochs
+        for cfg in trainer.lr_scheduler_configs:
+            lams = cfg.scheduler.lr_lambdas  # one per parameter group
+            cfg.scheduler.lr_lambdas = [lr_factor(hp, warmup, total)] * len(lams)
+        rank_zero_info(
+            f"budget: an epoch takes {epoch_s:.1f} s here, so {epochs} epochs instead of {old} finish in time; "
+            "the cosine schedule is resized with them"
+        )
+        if self.on_change is not None:
+            self.on_change(epochs)
+
+
+def compressed(factor: Callable[[int], float], done: int, total: int, new_total: int) -> Callable[[int], float]:
+    """A learning-rate schedule whose steps after `done` are played faster (or slower, when new_total > total), so
+    that what took until `total` ends at `new_total`: continuous at `done`, and ending where the original ended."""
+    rate = (total - done) / max(1, new_total - done)
+    return lambda step: factor(step) if step < done else factor(min(total, done + (step - done) * rate))

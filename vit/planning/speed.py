@@ -1,0 +1,74 @@
+"""This machine and its speed: training images/s of candidate models, timed on a few real steps."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from vit.model.config import ViTConfig
+from vit.model.vision_transformer import VisionTransformer
+from vit.training.optim import MuonWithAdamW, split_for_muon
+
+
+@dataclass
+class Machine:
+    device: str  # "cpu" or "cuda"
+    cores: int
+    gpu: str = ""
+    gpu_mem_gb: float = 0.0
+
+    @staticmethod
+    def here() -> Machine:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            return Machine("cuda", cores, p.name, p.total_memory / 2**30)
+        return Machine("cpu", cores)
+
+    def __str__(self) -> str:
+        return f"{self.gpu} ({self.gpu_mem_gb:.0f} GB)" if self.device == "cuda" else f"CPU, {self.cores} cores"
+
+
+def calibrate(
+    archs: list[ViTConfig],
+    batch_size: int,
+    device: str = "cpu",
+    precision: str = "32-true",
+    optimizer: str = "adamw",
+    steps: int = 3,
+    warmup: int = 2,
+) -> list[float]:
+    """Training images/s of each architecture on this machine at `precision` (Lightning's name: "32-true", or
+    "bf16-mixed" for bf16 autocast): `warmup` + `steps` steps of `optimizer` ("adamw" or "muon": Muon costs ~15% of a
+    64x3 step on a 2-core CPU) on a random batch, the median step. The global RNG is left as it was, so that planning
+    does not change the seeded run that follows."""
+    speeds = []
+    # the CUDA generator too (dropout and DropPath of the calibration steps draw from it on a GPU)
+    with torch.random.fork_rng(devices=[torch.device(device)] if torch.device(device).type == "cuda" else []):
+        for cfg in archs:
+            model = VisionTransformer(cfg).to(device)
+            if optimizer == "muon":
+                opt = MuonWithAdamW(*split_for_muon(model, [{"params": list(model.parameters())}]), lr=1e-4)
+            else:
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            x = torch.randn(batch_size, cfg.in_chans, cfg.img_size, cfg.img_size, device=device)
+            y = torch.randint(0, max(1, cfg.num_classes), (batch_size,), device=device)
+            times = []
+            for i in range(warmup + steps):
+                t = time.perf_counter()
+                with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                if device == "cuda":
+                    torch.cuda.synchronize()  # calibration only: the training hot path never waits
+                if i >= warmup:
+                    times.append(time.perf_counter() - t)
+            speeds.append(batch_size / statistics.median(times))
+            del model, opt
+    return speeds
