@@ -8,7 +8,8 @@ import torch
 from PIL import Image
 
 from vit.data.digits import DigitsDataModule
-from vit.evaluation.logit_adjustment import adjust_checkpoints, balanced_accuracy, fit_tau, log_prior
+from vit.evaluation.logit_adjustment import adjust_checkpoints, fit_tau, log_prior
+from vit.evaluation.scores import balanced_accuracy
 from vit.model.checkpoint import load_checkpoint, load_model
 
 

@@ -31,10 +31,11 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from vit.data.base import ImageClassificationData, whole_val_batches
+from vit.data.base import ImageClassificationData
 from vit.data.folder import default_memory_budget_gb
 from vit.data.sources import public_class_path
 from vit.data.transforms import DataError
+from vit.evaluation.after_fit import adjust_after_fit, calibrate_after_fit
 from vit.evaluation.map_callback import AttentionMapCallback
 from vit.model.checkpoint import CheckpointError, load_checkpoint
 from vit.planning.estimate import RunEstimate
@@ -285,63 +286,18 @@ class ViTCLI(LightningCLI):
         elif (acc := self.trainer.callback_metrics.get("val/acc")) is not None:
             print(f"\nval/acc {float(acc):.4f} (last epoch) {took}; no checkpoint written")
         saved = [c.best_model_path for c in (cb, last) if c is not None and c.best_model_path]
+        device, tb = (
+            self.trainer.strategy.root_device,
+            next((lg for lg in self.trainer.loggers if isinstance(lg, TensorBoardLogger)), None),
+        )
         try:
             if saved and self.model.hparams.get("posthoc_logit_adjust"):
-                self._adjust_logits(saved)
+                if line := adjust_after_fit(saved, self.datamodule, device):
+                    print(line)
             if saved:
-                self._calibrate(saved)
+                print(calibrate_after_fit(saved, self.datamodule, device, tb, self.trainer.global_step))
         finally:  # the passes over the validation set after fit are a stage of their own: free its loader workers
             self.datamodule.teardown("validate")
-
-    def _adjust_logits(self, paths: list[str]) -> None:
-        """Post-hoc logit adjustment of the best and the last checkpoint (vit/evaluation/logit_adjustment.py), before
-        the temperature is fitted on the adjusted logits."""
-        from vit.evaluation.logit_adjustment import adjust_checkpoints
-
-        dm = self.datamodule
-        counts = dm.class_counts()
-        if counts is None:
-            return
-        reports = adjust_checkpoints(paths, whole_val_batches(dm), counts, self.trainer.strategy.root_device)
-        best = reports[paths[0]]
-        print(
-            f"logit adjustment: tau {best['tau']:g}, balanced accuracy {best['balanced_accuracy_before']:.4f} -> "
-            f"{best['balanced_accuracy']:.4f} on the validation set it was chosen on (folded into the head's bias)"
-        )
-
-    def _calibrate(self, paths: list[str]) -> None:
-        """A temperature for the best and the last checkpoint, fitted on the validation set
-        (vit/evaluation/calibration.py); the best one's calibration and confusion matrix go to TensorBoard under
-        eval/."""
-        from vit.evaluation.calibration import calibrate_checkpoints
-        from vit.evaluation.report import confusion_figure, confusion_matrix, per_class_recall
-
-        dm = self.datamodule
-        reports = calibrate_checkpoints(paths, whole_val_batches(dm), self.trainer.strategy.root_device)
-        best = reports[paths[0]]
-        print(
-            f"calibrated: temperature {best['temperature']:.3f}, ECE {best['ece_uncalibrated']:.4f} -> "
-            f"{best['ece']:.4f} on the validation set it was fitted on (vit-predict and vit-serve apply it; "
-            "--raw-probs: without)"
-        )
-        logits, targets = best["_logits"]
-        cm = confusion_matrix(logits, targets, dm.num_classes)
-        # both, whichever chose the checkpoint: what a long-tail rule traded is visible
-        recall = per_class_recall(cm)[cm.sum(1) > 0]
-        print(
-            f"chosen checkpoint on the validation set: accuracy {float(cm.diag().sum() / cm.sum()):.4f}, "
-            f"balanced accuracy {float(recall.mean()):.4f}"
-        )
-        tb = next((lg for lg in self.trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
-        if tb is None:
-            return
-        step, writer = self.trainer.global_step, tb.experiment
-        for key in ("ece", "ece_uncalibrated", "temperature", "nll", "nll_uncalibrated"):
-            writer.add_scalar(f"eval/{key}", best[key], step)
-        writer.add_figure("eval/confusion_matrix", confusion_figure(cm, list(dm.class_names)), step)
-        for name, recall in zip(dm.class_names, per_class_recall(cm).tolist()):
-            writer.add_scalar(f"eval/acc_per_class/{name}", recall, step)
-        writer.flush()
 
 
 def next_free_version(folder: Path) -> Path:

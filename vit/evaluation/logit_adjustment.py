@@ -8,15 +8,9 @@ exported model all predict with it and nothing else has to know. The checkpoint 
 
 import torch
 
+from vit.evaluation.scores import balanced_accuracy
+
 TAUS = tuple(round(0.1 * i, 1) for i in range(21))  # 0, 0.1, ..., 2.0
-
-
-def balanced_accuracy(pred: torch.Tensor, true: torch.Tensor, num_classes: int) -> float:
-    """The mean recall over the classes that have images."""
-    hits = torch.bincount(true[pred == true], minlength=num_classes).double()
-    support = torch.bincount(true, minlength=num_classes).double()
-    present = support > 0
-    return float((hits[present] / support[present]).mean())
 
 
 def log_prior(counts: list[int]) -> torch.Tensor:

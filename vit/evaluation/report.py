@@ -32,19 +32,9 @@ from torchmetrics.functional.classification import (  # noqa: E402
 )
 
 from vit.evaluation.calibration import ECE_BINS, probabilities  # noqa: E402
+from vit.evaluation.scores import balanced_accuracy  # noqa: E402
 
 # --- confusion counts (also used at the end of training) -------------------------------------------------------------
-
-
-def confusion_matrix(logits: torch.Tensor, targets: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """(C, C) counts of argmax predictions, rows = true class."""
-    cells = targets * num_classes + logits.argmax(-1)
-    return torch.bincount(cells, minlength=num_classes * num_classes).view(num_classes, num_classes)
-
-
-def per_class_recall(cm: torch.Tensor) -> torch.Tensor:
-    """(C,) share of each class's images predicted as that class (0 for a class with no image)."""
-    return cm.diag().double() / cm.sum(dim=1).clamp(min=1)
 
 
 # --- scoring a labelled set ------------------------------------------------------------------------------------------
@@ -126,7 +116,7 @@ def metrics_of(rows: dict[str, torch.Tensor], classes: list[str], temperature: f
         "classes": list(classes),
         "top1": float(correct.double().mean()),
         "top5": float((rows["true_rank"] <= 5).double().mean()),
-        "balanced_accuracy": float(recall[support > 0].double().mean()),
+        "balanced_accuracy": balanced_accuracy(pred, true, c),
         "f1_macro": float(multiclass_f1_score(pred, true, c, average="macro", zero_division=0)),
         "per_class": [
             {

@@ -1,0 +1,56 @@
+"""What `vit-train fit` does with its best and last checkpoints once training ends, on the validation set (rank zero):
+post-hoc logit adjustment for a long-tailed folder, then the calibration temperature, and the chosen checkpoint's
+accuracy, balanced accuracy and confusion matrix. Each returns the lines the command prints."""
+
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from torchmetrics.functional.classification import multiclass_confusion_matrix
+
+from vit.data.base import ImageClassificationData, whole_val_batches
+from vit.evaluation.calibration import calibrate_checkpoints
+from vit.evaluation.logit_adjustment import adjust_checkpoints
+from vit.evaluation.report import confusion_figure
+from vit.evaluation.scores import balanced_accuracy
+
+
+def adjust_after_fit(paths: list[str], dm: ImageClassificationData, device: torch.device) -> str | None:
+    """Post-hoc logit adjustment of the checkpoints (the best first), before the temperature is fitted on the
+    adjusted logits (vit/evaluation/logit_adjustment.py)."""
+    counts = dm.class_counts()
+    if counts is None:
+        return None  # a source whose class counts are not known (a stream): nothing to adjust for
+    best = adjust_checkpoints(paths, whole_val_batches(dm), counts, device)[paths[0]]
+    return (
+        f"logit adjustment: tau {best['tau']:g}, balanced accuracy {best['balanced_accuracy_before']:.4f} -> "
+        f"{best['balanced_accuracy']:.4f} on the validation set it was chosen on (folded into the head's bias)"
+    )
+
+
+def calibrate_after_fit(
+    paths: list[str], dm: ImageClassificationData, device: torch.device, tb: TensorBoardLogger | None, step: int
+) -> str:
+    """A temperature for each checkpoint (the best first), fitted on the validation set (vit/evaluation/
+    calibration.py); the best one's accuracy and balanced accuracy, and to TensorBoard (when there is one) its
+    calibration and confusion matrix under eval/."""
+    best = calibrate_checkpoints(paths, whole_val_batches(dm), device)[paths[0]]
+    logits, targets = best["_logits"]
+    pred = logits.argmax(-1)
+    cm = multiclass_confusion_matrix(pred, targets, dm.num_classes)
+    recall = cm.diag().double() / cm.sum(dim=1).clamp(min=1)  # (C,): 0 for a class without images
+    lines = (
+        f"calibrated: temperature {best['temperature']:.3f}, ECE {best['ece_uncalibrated']:.4f} -> "
+        f"{best['ece']:.4f} on the validation set it was fitted on (vit-predict and vit-serve apply it; "
+        "--raw-probs: without)\n"
+        # both, whichever chose the checkpoint: what a long-tail rule traded is visible
+        f"chosen checkpoint on the validation set: accuracy {float((pred == targets).double().mean()):.4f}, "
+        f"balanced accuracy {balanced_accuracy(pred, targets, dm.num_classes):.4f}"
+    )
+    if tb is not None:
+        writer = tb.experiment
+        for key in ("ece", "ece_uncalibrated", "temperature", "nll", "nll_uncalibrated"):
+            writer.add_scalar(f"eval/{key}", best[key], step)
+        writer.add_figure("eval/confusion_matrix", confusion_figure(cm, list(dm.class_names)), step)
+        for name, r in zip(dm.class_names, recall.tolist()):
+            writer.add_scalar(f"eval/acc_per_class/{name}", r, step)
+        writer.flush()
+    return lines
