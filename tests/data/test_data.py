@@ -248,3 +248,26 @@ def test_mean_std_in_chunks_equal_the_whole_set_and_the_stack_releases_the_list(
     images = list(x)
     stacked = stack_releasing(images)
     assert torch.equal(stacked, x) and all(img is None for img in images)  # nothing kept twice
+
+
+@pytest.mark.parametrize("train, val", [("train", "val"), ("training", "valid"), ("train", "validation")])
+def test_every_reader_of_a_folder_finds_the_same_splits_and_files(tmp_path, train, val):
+    """One listing (vit/data/files.py) for the DataModule, the planner's source and the streaming optimizer: timm's
+    split names, and images inside a subfolder of a class counted by all of them."""
+    from vit.data.files import class_files, split_folders
+    from vit.data.sources import folder_source
+
+    for split, n in ((train, 6), (val, 3)):
+        for c in ("a", "b"):
+            _write_images(tmp_path / split / c, n, "RGB", (12, 12), ord(c))
+    _write_images(tmp_path / train / "a" / "more", 2, "RGB", (12, 12), 7)  # a subfolder of class a
+    assert split_folders(tmp_path) == (tmp_path / train, tmp_path / val)
+    assert len(class_files(tmp_path / train, {"a": 0, "b": 1})) == 14
+    dm = ImageFolderDataModule(str(tmp_path), num_workers=0, img_size=12)
+    dm.setup("fit")
+    assert (dm.train_dir, dm.val_dir) == (tmp_path / train, tmp_path / val)
+    assert len(dm.samples["train"]) == 14 and len(dm.samples["val"]) == 6
+    src = folder_source(tmp_path)
+    assert (src.n_train, src.n_val) == (14, 6)
+    # without both split folders: one folder of classes, split by the toolkit
+    assert split_folders(tmp_path / train) == (tmp_path / train, None)

@@ -113,3 +113,18 @@ def test_teardown_stops_the_persistent_workers_at_once(tmp_path):
     # the workers were told to exit while their queues lived: they are gone now, not in 5 s each
     assert not any(w.is_alive() for w in workers) and all(w.exitcode == 0 for w in workers)
     assert loader._iterator is None
+
+
+def test_optimize_reads_the_folder_as_the_other_readers_do(tmp_path):
+    """timm's split names (training/valid) and images in a subfolder of a class: the same listing as --data.root."""
+    from vit.commands.streaming import main
+
+    for split, n in (("training", 3), ("valid", 1)):
+        for c in ("a", "b"):
+            (tmp_path / "imgs" / split / c / "deeper").mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(np.full((16, 16, 3), 40 * i, np.uint8)).save(tmp_path / "imgs" / split / c / f"{i}.png")
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(tmp_path / "imgs" / "training" / "a" / "deeper" / "x.png")
+    assert main(["optimize", str(tmp_path / "imgs"), str(tmp_path / "chunks")]) == 0
+    meta = json.loads((tmp_path / "chunks" / "vit_meta.json").read_text())
+    assert meta["class_names"] == ["a", "b"] and meta["class_counts"] == [4, 3]

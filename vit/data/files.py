@@ -1,4 +1,5 @@
-"""What is wrong with a dataset's own files, in one line naming the file: for when torchvision fails to read them.
+"""Files on disk: how a folder of a user's images is split and listed (one place for every reader of folders), and
+what is wrong with a dataset's own files, in one line naming the file, for when torchvision fails to read them.
 
 torchvision reads CIFAR's pickled batches and MNIST's idx files trusting their layout: a file in another layout ends in
 a KeyError (`'data'`), an AssertionError or a reshape error three calls down, which jsonargparse then buries in a
@@ -10,6 +11,8 @@ import struct
 from pathlib import Path
 
 import numpy as np
+from torchvision.datasets import DatasetFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
 IDX_MAGIC = {2049: ("labels", 1), 2051: ("images", 3)}  # MNIST's big-endian magic number -> what it holds, dims
 
@@ -74,3 +77,25 @@ def first_idx_problem(folder: Path) -> str | None:
         if problem := idx_problem(path):
             return problem
     return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A folder of a user's images: the one place that says how its splits and files are found
+# ---------------------------------------------------------------------------------------------------------------------
+
+# Split folder names, timm's (_TRAIN_SYNONYM and _EVAL_SYNONYM): root/train + root/val, or root/training + root/valid...
+TRAIN_DIRS, VAL_DIRS = ("train", "training"), ("val", "valid", "validation", "eval", "evaluation")
+
+
+def split_folders(root: Path) -> tuple[Path, Path | None]:
+    """(training folder, validation folder) of root: root/<train>/ and root/<val>/ when both exist (the names of
+    TRAIN_DIRS and VAL_DIRS, first found), else (root, None): one folder of class subfolders, split by the toolkit."""
+    train = next((root / d for d in TRAIN_DIRS if (root / d).is_dir()), None)
+    val = next((root / d for d in VAL_DIRS if (root / d).is_dir()), None)
+    return (train, val) if train is not None and val is not None else (root, None)
+
+
+def class_files(folder: Path, to_idx: dict[str, int]) -> list[tuple[str, int]]:
+    """(path, class index) of every image under folder/<class>/, subfolders of a class included, sorted per class
+    (torchvision's ImageFolder listing, with its extensions)."""
+    return DatasetFolder.make_dataset(str(folder), to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)

@@ -24,6 +24,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 from vit.data.transforms import DataError
 from vit.data.cifar import open_cifar
 
+from vit.data.files import class_files, split_folders
 from vit.data.images import convert_image, read_image
 
 GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
@@ -94,21 +95,20 @@ def folder_source(root: str | Path, val_fraction: float = 0.2) -> DataSource:
     if not Path(root).is_dir():
         raise DataError(f"data.root={str(root)!r} is not a folder")  # the data module's words
     root = Path(root)
-    split = (root / "train").is_dir() and (root / "val").is_dir()
-    train_dir = root / "train" if split else root
+    train_dir, val_dir = split_folders(root)
+    split = val_dir is not None
     try:
         classes, to_idx = find_classes(str(train_dir))
     except FileNotFoundError:
         raise DataError(f"{train_dir}: no class subfolders (expected {train_dir}/<class>/<image>)") from None
-    listed = DatasetFolder.make_dataset(str(train_dir), to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+    listed = class_files(train_dir, to_idx)
     if not listed:
         raise DataError(f"{train_dir}: no images with extensions {IMG_EXTENSIONS}")
     counts = [0] * len(classes)
     for _, t in listed:
         counts[t] += 1
     if split:
-        val_idx = {c: to_idx[c] for c in find_classes(str(root / "val"))[0] if c in to_idx}
-        n_val = len(DatasetFolder.make_dataset(str(root / "val"), val_idx, extensions=IMG_EXTENSIONS, allow_empty=True))
+        n_val = len(class_files(val_dir, {c: to_idx[c] for c in find_classes(str(val_dir))[0] if c in to_idx}))
         n_train = len(listed)
     else:
         n_val = max(1, round(len(listed) * val_fraction))

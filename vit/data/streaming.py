@@ -21,6 +21,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 from vit.data.base import ImageClassificationData
 from vit.data.transforms import check_crop_scale, eval_transform, train_transform
 
+from vit.data.files import class_files, split_folders
 from vit.data.images import load_image
 
 META = "vit_meta.json"  # class names and the training images' mean/std, written beside the chunks
@@ -29,15 +30,6 @@ META = "vit_meta.json"  # class names and the training images' mean/std, written
 def _read(item: tuple[str, int, int]) -> dict:
     path, label, index = item
     return {"data": Path(path).read_bytes(), "label": label, "index": index}
-
-
-def files_of(folder: Path, to_idx: dict[str, int]) -> list[tuple[str, int]]:
-    """(path, class index) of the images under folder/<class>/, sorted."""
-    return sorted(
-        (str(p), to_idx[p.parent.name])
-        for p in folder.glob("*/*")
-        if p.suffix.lower() in IMG_EXTENSIONS and p.parent.name in to_idx
-    )
 
 
 def read_meta(path: str) -> dict:
@@ -56,10 +48,13 @@ def optimize_folder(root: str, output_dir: str, num_workers: int = 1, chunk_byte
     from litdata import optimize
 
     root_p, out = Path(root), Path(output_dir)
-    classes, _ = find_classes(str(root_p / "train"))
+    train_dir, val_dir = split_folders(root_p)
+    if val_dir is None:
+        raise ValueError(f"{root}: optimize needs root/train/<class>/ and root/val/<class>/ (or valid, validation...)")
+    classes, _ = find_classes(str(train_dir))
     to_idx = {c: i for i, c in enumerate(classes)}
-    for split in ("train", "val"):
-        files = files_of(root_p / split, to_idx)
+    for split, folder in (("train", train_dir), ("val", val_dir)):
+        files = class_files(folder, to_idx)
         items = [(p, t, i) for i, (p, t) in enumerate(files)]
         optimize(
             fn=_read,
@@ -74,9 +69,10 @@ def optimize_folder(root: str, output_dir: str, num_workers: int = 1, chunk_byte
             # later DataLoader of the process spawns too. The platform's own method keeps both as they were.
             start_method=multiprocessing.get_start_method(),
         )
-    sample = sorted((root_p / "train").glob("*/*"))[:: max(1, len(list((root_p / "train").glob("*/*"))) // 500)][:500]
+    train_files = class_files(train_dir, to_idx)
+    sample = [p for p, _ in train_files[:: max(1, len(train_files) // 500)][:500]]
     x = torch.stack([eval_transform(64, (0, 0, 0), (1, 1, 1))(load_image(p)) for p in sample])
-    train_labels = [t for p, t in files_of(root_p / "train", to_idx)]
+    train_labels = [t for _, t in train_files]
     meta = {
         "class_names": classes,
         # the planner's fingerprint reads the counts here instead of every item of the stream (vit/data/sources.py)

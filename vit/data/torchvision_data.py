@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torchvision import datasets
 from torchvision.transforms import v2
+from vit.data.files import TRAIN_DIRS, VAL_DIRS
 from vit.data.cifar import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD
 from vit.data.transforms import AutoAugment, DataError, batch_policy, check_crop_scale
 from vit.data.base import ImageClassificationData, TensorImageDataset
@@ -53,8 +54,6 @@ KNOWN = {
 }
 ALIASES = {"fashionmnist": "fashion_mnist", "inat": "inaturalist", "folder": "image_folder"}
 NO_DOWNLOAD = ("ImageNet", "ImageFolder")  # torchvision cannot fetch these: the files must be there
-# timm's split folder names for torch/image_folder (its _TRAIN_SYNONYM and _EVAL_SYNONYM)
-TRAIN_DIRS, VAL_DIRS = ("train", "training"), ("val", "valid", "validation", "eval", "evaluation")
 
 
 def resolve(dataset: str) -> tuple[str, type, tuple[dict, dict] | None]:
