@@ -238,7 +238,8 @@ def test_eval_batch_size_sets_validation_batches_only(in_memory):
 
 
 def test_mean_std_in_chunks_equal_the_whole_set_and_the_stack_releases_the_list():
-    from vit.data.folder import channel_mean_std, stack_releasing
+    from vit.data.base import channel_mean_std
+    from vit.data.folder import stack_releasing
 
     x = torch.randint(0, 256, (50, 3, 6, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     mean, std = channel_mean_std(x, chunk=7)

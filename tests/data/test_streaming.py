@@ -128,3 +128,9 @@ def test_optimize_reads_the_folder_as_the_other_readers_do(tmp_path):
     assert main(["optimize", str(tmp_path / "imgs"), str(tmp_path / "chunks")]) == 0
     meta = json.loads((tmp_path / "chunks" / "vit_meta.json").read_text())
     assert meta["class_names"] == ["a", "b"] and meta["class_counts"] == [4, 3]
+    # and the same training statistics as the folder's DataModule at the same size (one channel_mean_std)
+    from vit.data.folder import ImageFolderDataModule
+
+    dm = ImageFolderDataModule(str(tmp_path / "imgs"), img_size=64, num_workers=0)
+    dm.setup("fit")
+    assert (list(dm.mean), list(dm.std)) == (meta["mean"], meta["std"])

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
-from vit.data.base import ImageClassificationData
+from vit.data.base import ImageClassificationData, channel_mean_std
 from vit.data.transforms import check_crop_scale, eval_transform, train_transform
 
 from vit.data.files import class_files, split_folders
-from vit.data.images import load_image
+from vit.data.images import eval_geometry, load_image
 
 META = "vit_meta.json"  # class names and the training images' mean/std, written beside the chunks
 
@@ -71,14 +71,17 @@ def optimize_folder(root: str, output_dir: str, num_workers: int = 1, chunk_byte
         )
     train_files = class_files(train_dir, to_idx)
     sample = [p for p, _ in train_files[:: max(1, len(train_files) // 500)][:500]]
-    x = torch.stack([eval_transform(64, (0, 0, 0), (1, 1, 1))(load_image(p)) for p in sample])
+    # the same statistics as a folder's (channel_mean_std), of a stride sample decoded at 64 px (the chunks keep the
+    # encoded files; the size to train at is not known here)
+    x = torch.stack([eval_geometry(64)(load_image(p)) for p in sample])  # uint8 (N, 3, 64, 64)
+    mean, std = channel_mean_std(x)
     train_labels = [t for _, t in train_files]
     meta = {
         "class_names": classes,
         # the planner's fingerprint reads the counts here instead of every item of the stream (vit/data/sources.py)
         "class_counts": [train_labels.count(i) for i in range(len(classes))],
-        "mean": [round(v, 4) for v in x.mean(dim=(0, 2, 3)).tolist()],
-        "std": [round(v, 4) for v in x.std(dim=(0, 2, 3)).clamp(min=1e-3).tolist()],
+        "mean": [round(v, 4) for v in mean.tolist()],
+        "std": [round(v, 4) for v in std.tolist()],
     }
     (out / META).write_text(json.dumps(meta, indent=1) + "\n")
     return meta

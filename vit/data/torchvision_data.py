@@ -24,7 +24,8 @@ from vit.data.files import TRAIN_DIRS, VAL_DIRS
 from vit.data.cifar import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD
 from vit.data.transforms import AutoAugment, DataError, batch_policy, check_crop_scale
 from vit.data.base import ImageClassificationData, TensorImageDataset
-from vit.data.folder import channel_mean_std, decode_images
+from vit.data.base import channel_mean_std
+from vit.data.folder import decode_images
 
 from vit.data.files import first_idx_problem
 
