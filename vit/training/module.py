@@ -105,46 +105,24 @@ class ViTClassifier(L.LightningModule):
         std: tuple[float, ...] = (0.5, 0.5, 0.5),
     ):
         super().__init__()
-        for name, value in (
-            ("lr", lr),
-            ("weight_decay", weight_decay),
-            ("warmup_epochs", warmup_epochs),
-            ("mixup_alpha", mixup_alpha),
-            ("cutmix_alpha", cutmix_alpha),
-            ("moe_aux_weight", moe_aux_weight),
-            ("logit_adjust_tau", logit_adjust_tau),
-        ):
-            if value < 0:
-                raise ValueError(f"{name}={value} must be >= 0")
-        for name, value in (
-            ("label_smoothing", label_smoothing),
-            ("mixup_prob", mixup_prob),
-            ("min_lr_ratio", min_lr_ratio),
-            ("resize_until", resize_until),
-            ("patch_drop_until", patch_drop_until),
-        ):
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name}={value} must be in [0, 1]")
-        if not 0.0 <= ema_decay < 1.0:
-            raise ValueError(f"ema_decay={ema_decay} must be in [0, 1)")
-        if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
-            raise ValueError(f"layer_decay={layer_decay} must be in (0, 1]")
-        if freeze_backbone_epochs < 0:
-            raise ValueError(f"freeze_backbone_epochs={freeze_backbone_epochs} must be >= 0")
         if isinstance(arch, dict):  # load_from_checkpoint passes the saved hyper-parameters back: arch is a dict
             arch = ViTConfig.from_dict(arch)
-        if optimizer not in ("adamw", "muon"):
-            raise ValueError(f"optimizer={optimizer!r} must be 'adamw' or 'muon'")
-        if schedule not in ("cosine", "wsd"):
-            raise ValueError(f"schedule={schedule!r} must be 'cosine' or 'wsd'")
-        if resize_from and (resize_from % arch.patch_size or not 0 < resize_from < arch.img_size):
-            raise ValueError(
-                f"resize_from={resize_from} must be a multiple of patch_size={arch.patch_size} below "
-                f"img_size={arch.img_size} (or 0: off)"
-            )
+        check_arguments(
+            arch,
+            numbers={"lr": lr, "weight_decay": weight_decay, "warmup_epochs": warmup_epochs,
+                     "mixup_alpha": mixup_alpha, "cutmix_alpha": cutmix_alpha, "moe_aux_weight": moe_aux_weight,
+                     "logit_adjust_tau": logit_adjust_tau},
+            shares={"label_smoothing": label_smoothing, "mixup_prob": mixup_prob, "min_lr_ratio": min_lr_ratio,
+                    "resize_until": resize_until, "patch_drop_until": patch_drop_until},
+            ema_decay=ema_decay,
+            layer_decay=layer_decay,
+            freeze_backbone_epochs=freeze_backbone_epochs,
+            optimizer=optimizer,
+            schedule=schedule,
+            resize_from=resize_from,
+            class_names=class_names,
+        )  # fmt: skip
         num_classes = arch.num_classes
-        if class_names is not None and len(class_names) != num_classes:
-            raise ValueError(f"class_names has {len(class_names)} names but num_classes={num_classes}")
         # Plain types only (lists, not tuples of objects): the checkpoint must load with weights_only=True.
         self.save_hyperparameters()
         self.hparams.update(
@@ -440,6 +418,45 @@ class ViTClassifier(L.LightningModule):
             )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(hp, warmup, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def check_arguments(
+    arch: ViTConfig,
+    numbers: dict[str, float],
+    shares: dict[str, float],
+    ema_decay: float,
+    layer_decay: float | None,
+    freeze_backbone_epochs: int,
+    optimizer: str,
+    schedule: str,
+    resize_from: int,
+    class_names: list[str] | None,
+) -> None:
+    """ViTClassifier's arguments, checked at construction: a one-line ValueError naming the field and the value.
+    `numbers` must be >= 0, `shares` in [0, 1]."""
+    for name, value in numbers.items():
+        if value < 0:
+            raise ValueError(f"{name}={value} must be >= 0")
+    for name, value in shares.items():
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name}={value} must be in [0, 1]")
+    if not 0.0 <= ema_decay < 1.0:
+        raise ValueError(f"ema_decay={ema_decay} must be in [0, 1)")
+    if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
+        raise ValueError(f"layer_decay={layer_decay} must be in (0, 1]")
+    if freeze_backbone_epochs < 0:
+        raise ValueError(f"freeze_backbone_epochs={freeze_backbone_epochs} must be >= 0")
+    if optimizer not in ("adamw", "muon"):
+        raise ValueError(f"optimizer={optimizer!r} must be 'adamw' or 'muon'")
+    if schedule not in ("cosine", "wsd"):
+        raise ValueError(f"schedule={schedule!r} must be 'cosine' or 'wsd'")
+    if resize_from and (resize_from % arch.patch_size or not 0 < resize_from < arch.img_size):
+        raise ValueError(
+            f"resize_from={resize_from} must be a multiple of patch_size={arch.patch_size} below "
+            f"img_size={arch.img_size} (or 0: off)"
+        )
+    if class_names is not None and len(class_names) != arch.num_classes:
+        raise ValueError(f"class_names has {len(class_names)} names but num_classes={arch.num_classes}")
 
 
 def params_with_grads(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
