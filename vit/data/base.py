@@ -1,0 +1,145 @@
+"""What every DataModule shares: the loaders (in-memory batches on the device, or a DataLoader) and the facts
+about the data that the model and predict need.
+
+Each DataModule knows, from its constructor alone, what the model needs to be built and what predict needs to
+preprocess an image the way training did: `num_classes`, `class_names`, `img_size`, `in_chans`, `mean`, `std`.
+`train.py` links these into the LightningModule, which stores them in every checkpoint as plain types.
+"""
+
+import logging
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from vit.data.device import DeviceBatches
+
+log = logging.getLogger(__name__)
+
+class TensorImageDataset(Dataset):
+    """Images held in memory as one uint8 tensor (N, C, H, W), transformed per item."""
+
+    def __init__(self, images: torch.Tensor, targets: torch.Tensor, transform=None):
+        self.images, self.targets, self.transform = images, targets, transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        img = self.images[i]
+        return (self.transform(img) if self.transform else img), int(self.targets[i])
+
+
+class ImageClassificationData(L.LightningDataModule):
+    """Shared loaders and the facts about the data that the model and predict need."""
+
+    num_classes: int
+    class_names: list[str]
+    img_size: int
+    in_chans: int = 3
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def __init__(self, batch_size: int, num_workers: int, in_memory: bool = False, eval_batch_size: int | None = None):
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
+        if eval_batch_size is not None and eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size={eval_batch_size} must be >= 1")
+        # No gradients in validation: bigger batches cost no more memory than training's and fewer steps (timm's
+        # --validation-batch-size). None: batch_size.
+        self.eval_batch_size = eval_batch_size or batch_size
+        if num_workers < 0:
+            raise ValueError(f"num_workers={num_workers} must be >= 0")
+        self.batch_size, self.num_workers, self.in_memory = batch_size, num_workers, in_memory
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        # For the in-memory path: {"train": (uint8 images, targets), "val": ...} and the augmentation to apply.
+        self.memory: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        # augmentation of the in-memory path (vit.data.device), set by each DataModule
+        self.crop_padding, self.hflip, self.rrc_scale, self.auto_augment, self.erasing = 0, False, None, None, 0.0
+        self.rot90 = False
+
+    def _device_batches(self, split: str) -> DeviceBatches:
+        trainer = self.trainer
+        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        images, targets = self.memory[split]
+        if images.device != device:  # once: the dataset then lives on the training device
+            images, targets = images.to(device), targets.to(device)
+            self.memory[split] = (images, targets)
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        return DeviceBatches(
+            images,
+            targets,
+            self.batch_size if split == "train" else self.eval_batch_size,
+            self.mean,
+            self.std,
+            train=split == "train",
+            crop_padding=self.crop_padding,
+            hflip=self.hflip,
+            rot90=self.rot90,
+            rrc_scale=self.rrc_scale,
+            auto_augment=self.auto_augment,
+            erasing=self.erasing,
+            out_size=self.img_size,
+            seed=torch.initial_seed() % 2**31,
+            rank=rank,
+            world_size=world,
+        )
+
+    def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
+        # drop_last on train: Mixup needs even batches, and a ragged last batch would recompile a compiled model.
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size if train else self.eval_batch_size,
+            shuffle=train,
+            drop_last=train and len(dataset) > self.batch_size,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),  # page-locked batches: the copy to the GPU does not block the host
+        )
+
+    def class_counts(self) -> list[int] | None:
+        """Training images per class (the prior of the logit-adjusted loss), or None where the data cannot tell."""
+        if "train" in self.memory:
+            targets = self.memory["train"][1]
+        elif self.train_set is not None and hasattr(self.train_set, "targets"):
+            targets = torch.as_tensor(self.train_set.targets)
+        else:
+            return None
+        return torch.bincount(targets.cpu(), minlength=self.num_classes).tolist()
+
+    def train_dataloader(self) -> DataLoader | DeviceBatches:
+        return self._device_batches("train") if self.in_memory else self._loader(self.train_set, train=True)
+
+    def val_dataloader(self) -> DataLoader | DeviceBatches:
+        return self._device_batches("val") if self.in_memory else self._loader(self.val_set, train=False)
+
+    def test_dataloader(self) -> DataLoader | DeviceBatches:
+        return self.val_dataloader()
+
+
+def whole_val_batches(dm: ImageClassificationData):
+    """The whole validation set in one process (after fit on rank zero, or in vit-eval), as training evaluated it:
+    (normalised images, targets) batches."""
+    if getattr(dm, "memory", None) and "val" in dm.memory:
+        images, targets = dm.memory["val"]
+        return DeviceBatches(images, targets, dm.eval_batch_size, dm.mean, dm.std, train=False, out_size=dm.img_size)
+    if getattr(dm, "val_set", None) is not None:
+        return DataLoader(dm.val_set, batch_size=dm.eval_batch_size, num_workers=dm.num_workers)
+    return dm.val_dataloader()  # litdata streams: its own loader
+
+
+def channel_mean_std(x: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and (unbiased) std of uint8 images (N, C, H, W) in [0, 1], in float64 chunks: no float copy
+    of the whole set (4x the uint8 tensor)."""
+    total = torch.zeros(x.shape[1], dtype=torch.float64)
+    squares = torch.zeros(x.shape[1], dtype=torch.float64)
+    for i in range(0, len(x), chunk):
+        part = x[i : i + chunk].double().div_(255)
+        total += part.sum(dim=(0, 2, 3))
+        squares += part.square().sum(dim=(0, 2, 3))
+    n = x.shape[0] * x.shape[2] * x.shape[3]
+    mean = total / n
+    var = (squares - n * mean.square()) / max(1, n - 1)
+    return mean.float(), var.clamp(min=0).sqrt().float().clamp(min=1e-3)  # a constant channel must not divide by 0

@@ -1,0 +1,259 @@
+"""A folder of your own images: root/<class>/*.png|jpg... (or root/train/<class> and root/val/<class>), decoded
+once in threads and held in memory when it fits."""
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torchvision import datasets
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
+from torchvision.transforms import v2
+
+from vit.data.base import ImageClassificationData, channel_mean_std, TensorImageDataset
+from vit.data.files import split_folders
+from vit.data.images import describe, eval_geometry, load_image, read_image
+from vit.data.transforms import (
+    AutoAugment,
+    DataError,
+    batch_policy,
+    check_crop_scale,
+    eval_transform,
+    train_transform,
+)
+
+log = logging.getLogger(__name__)
+
+def decode_images(paths: list[str], img_size: int, workers: int | None = None) -> tuple[list, list[tuple[str, str]]]:
+    """Decode every image once, in threads (PIL releases the GIL), to the evaluation geometry at img_size (shorter
+    side resized, centre crop): a uint8 (3, S, S) tensor per path, or None; and (path, reason) for each failure."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    geometry = eval_geometry(img_size)
+
+    def decode(path: str):
+        try:
+            return geometry(read_image(path)), None
+        except Exception as e:  # any failure is a reason to report, never a crash of the run
+            return None, describe(e)
+
+    with ThreadPoolExecutor(max_workers=workers or min(8, (os.cpu_count() or 1) + 2)) as pool:
+        results = list(pool.map(decode, paths))
+    return [img for img, _ in results], [(p, r) for p, (_, r) in zip(paths, results) if r is not None]
+
+
+def stack_releasing(images: list[torch.Tensor]) -> torch.Tensor:
+    """torch.stack of equal-shaped tensors, dropping each from the list once copied: the peak is the stack and one
+    image, not two copies of the whole set."""
+    out = torch.empty((len(images), *images[0].shape), dtype=images[0].dtype)
+    for i in range(len(images)):
+        out[i] = images[i]
+        images[i] = None
+    return out
+
+
+def default_memory_budget_gb() -> float:
+    """A quarter of the machine's RAM, and at most half of the first GPU's memory when there is one: the in-memory
+    path keeps the decoded dataset in RAM and, when training on a GPU, on the GPU."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    budget = 0.25 * ram
+    if torch.cuda.is_available():
+        budget = min(budget, 0.5 * torch.cuda.get_device_properties(0).total_memory / 2**30)
+    return budget
+
+
+class ImageFolderDataModule(ImageClassificationData):
+    """Your own images: `root/train/<class>/*` and `root/val/<class>/*`, or `root/<class>/*` split into train and
+    val by `val_fraction` and `split_seed`. Any size and mode (grayscale, RGBA, palette, 16-bit) is converted to RGB.
+
+    Every image is decoded once when the module is built (in threads): corrupt, empty, non-image files and
+    decompression bombs are listed with the reason and skipped, or with `strict` the run stops before training; a
+    class left with no image is an error either way. When the decoded set fits `max_memory_gb` (default: a quarter of
+    the RAM, at most half the GPU's memory), the same decode keeps every image at img_size (shorter side resized,
+    centre crop) in one uint8 tensor, and training runs on the in-memory path (vit.data.device: augmentation batched
+    on the device; RandomResizedCrop then crops that stored image). Otherwise the folder streams through a DataLoader
+    with per-image torchvision transforms. The log says which path was taken and why.
+
+    Args:
+        mean, std: normalisation; None: measured on the training images (decoded ones, or 500 of them when streaming).
+        in_memory: force the path (True: in memory even over the budget; False: stream); None: by the budget.
+        random_erasing: Random Erasing probability per image (after Normalize, value 0).
+        rot90: a random quarter turn of each training image (with hflip: the 8 symmetries of the square), for classes
+            that keep their label when turned (the planner tests the folder for it).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        img_size: int = 32,
+        val_fraction: float = 0.2,
+        split_seed: int = 0,
+        batch_size: int = 64,
+        num_workers: int = 2,
+        hflip: bool = True,
+        auto_augment: AutoAugment = "none",
+        random_erasing: float = 0.0,
+        crop_scale: tuple[float, float] = (0.35, 1.0),
+        mean: tuple[float, float, float] | None = None,
+        std: tuple[float, float, float] | None = None,
+        check_images: bool = True,
+        strict: bool = False,
+        in_memory: bool | None = None,
+        max_memory_gb: float | None = None,
+        eval_batch_size: int | None = None,
+        rot90: bool = False,
+    ):
+        super().__init__(batch_size, num_workers, eval_batch_size=eval_batch_size)
+        self.check_images, self.strict = check_images, strict
+        if not 0.0 <= random_erasing <= 1.0:
+            raise ValueError(f"random_erasing={random_erasing} must be a probability in [0, 1]")
+        crop_scale = check_crop_scale(crop_scale)
+        if max_memory_gb is not None and max_memory_gb < 0:
+            raise ValueError(f"max_memory_gb={max_memory_gb} must be >= 0")
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise DataError(f"data.root={root!r} is not a folder")
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"val_fraction={val_fraction} must be in (0, 1)")
+        self.train_dir, self.val_dir = split_folders(self.root)
+        self.class_names = self._classes(self.train_dir)
+        if self.val_dir is not None:
+            unknown = sorted(set(self._classes(self.val_dir)) - set(self.class_names))
+            if unknown:
+                raise DataError(f"{self.val_dir}: classes {unknown} are not in {self.train_dir}")
+        self.num_classes, self.img_size, self.in_chans = len(self.class_names), img_size, 3
+        self.val_fraction, self.split_seed = val_fraction, split_seed
+        self._decide_and_decode(in_memory, max_memory_gb)
+        if mean is None or std is None:
+            measured = self._measure_mean_std()
+            mean, std = mean or measured[0], std or measured[1]
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.train_tf = train_transform(
+            img_size,
+            self.mean,
+            self.std,
+            hflip=hflip,
+            auto_augment=auto_augment,
+            random_resized_crop=True,
+            random_erasing=random_erasing,
+            crop_scale=crop_scale,
+            rot90=rot90,
+        )
+        self.eval_tf = eval_transform(img_size, self.mean, self.std)
+        # the in-memory path's augmentation: the same operations, drawn per image, on the whole batch
+        self.rrc_scale, self.hflip, self.rot90, self.erasing = tuple(crop_scale), hflip, rot90, random_erasing
+        self.auto_augment = batch_policy(auto_augment, "imagenet")
+
+    def _samples(self, folder: Path) -> list[tuple[str, int]]:
+        """(path, class index of train's classes) of every image file under folder/<class>/."""
+        to_idx = {c: i for i, c in enumerate(self.class_names)}
+        ds = datasets.DatasetFolder(str(folder), loader=load_image, extensions=IMG_EXTENSIONS, allow_empty=True)
+        samples = [(p, to_idx[ds.classes[t]]) for p, t in ds.samples]  # val may lack a class that train has
+        if not samples:
+            raise DataError(f"{folder}: no images with extensions {IMG_EXTENSIONS}")
+        return samples
+
+    def _drop_bad(self, folder: Path, samples, bad: list[tuple[str, str]]) -> list[tuple[str, int]]:
+        if bad:
+            listing = "; ".join(f"{p}: {r}" for p, r in bad[:5]) + (
+                f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
+            )
+            if self.strict:
+                raise DataError(f"{folder}: {len(bad)} unreadable image(s) and strict=true: {listing}")
+            for p, r in bad:
+                log.warning(f"skipping {p}: {r}")
+        skip = {p for p, _ in bad}
+        samples = [(p, t) for p, t in samples if p not in skip]
+        if folder == self.train_dir:
+            empty = [c for i, c in enumerate(self.class_names) if i not in {t for _, t in samples}]
+            if empty:
+                raise DataError(f"{folder}: class folder(s) {empty} hold no usable image")
+        return samples
+
+    def _decide_and_decode(self, in_memory: bool | None, max_memory_gb: float | None) -> None:
+        """List, check (decoding each image once) and, on the in-memory path, keep every image; split train/val."""
+        folders = [self.train_dir] + ([self.val_dir] if self.val_dir is not None else [])
+        listed = {f: self._samples(f) for f in folders}
+        n = sum(len(v) for v in listed.values())
+        need_gb = n * 3 * self.img_size**2 / 2**30
+        budget = default_memory_budget_gb() if max_memory_gb is None else max_memory_gb
+        self.in_memory = need_gb <= budget if in_memory is None else in_memory
+        if self.in_memory:
+            why = f"{n} images at {self.img_size} px take {need_gb * 1024:.0f} MB"
+            why += f", within max_memory_gb={budget:.1f}" if in_memory is None else " (in_memory=true)"
+        else:
+            why = f"{n} images at {self.img_size} px would take {need_gb:.2f} GB"
+            why += f", over max_memory_gb={budget:.2f}" if in_memory is None else " (in_memory=false)"
+        t = time.perf_counter()
+        kept: dict[Path, tuple[list, list]] = {}
+        for folder, samples in listed.items():
+            if self.in_memory or self.check_images:
+                images, bad = decode_images([p for p, _ in samples], self.img_size)
+                good = self._drop_bad(folder, samples, bad)
+                images = [img for img in images if img is not None]
+            else:
+                good, images = self._drop_bad(folder, samples, []), []
+            kept[folder] = (good, images if self.in_memory else [])
+        path = "in-memory path (batched augmentation on the training device)" if self.in_memory else "streaming path"
+        rank_zero_info(f"{self.root}: {path}: {why}; decoded in {time.perf_counter() - t:.1f} s")
+        train, train_images = kept[self.train_dir]
+        if self.val_dir is not None:
+            val, val_images = kept[self.val_dir]
+        else:  # one seeded permutation splits the checked list (and the decoded images with it)
+            perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.split_seed)).tolist()
+            n_val = max(1, round(len(perm) * self.val_fraction))
+            if n_val >= len(perm):
+                raise DataError(
+                    f"{self.root}: {len(perm)} images are too few to split with val_fraction={self.val_fraction}"
+                )
+            pick = lambda items, idx: [items[i] for i in idx] if items else []  # noqa: E731
+            val, val_images = pick(train, perm[:n_val]), pick(train_images, perm[:n_val])
+            train, train_images = pick(train, perm[n_val:]), pick(train_images, perm[n_val:])
+        self.samples = {"train": train, "val": val}
+        if self.in_memory:
+            for split, items, images in (("train", train, train_images), ("val", val, val_images)):
+                targets = torch.tensor([t for _, t in items], dtype=torch.long)
+                self.memory[split] = (stack_releasing(images), targets)  # (N, 3, S, S) uint8
+
+    def _measure_mean_std(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per-channel mean and std of the training images in [0, 1]: all decoded ones, or 500 when streaming."""
+        if self.in_memory:
+            x = self.memory["train"][0]
+        else:
+            paths = [p for p, _ in self.samples["train"]]
+            pick = torch.randperm(len(paths), generator=torch.Generator().manual_seed(0))[:500].tolist()
+            x = torch.stack(
+                [img for img in decode_images([paths[i] for i in pick], self.img_size)[0] if img is not None]
+            )
+        mean, std = channel_mean_std(x)
+        return tuple(round(v, 4) for v in mean.tolist()), tuple(round(v, 4) for v in std.tolist())
+
+    @staticmethod
+    def _classes(folder: Path) -> list[str]:
+        try:
+            classes, _ = find_classes(str(folder))
+        except FileNotFoundError:
+            raise DataError(f"{folder}: no class subfolders (expected {folder}/<class>/<image>)") from None
+        return classes
+
+    def _dataset(self, split: str, transform) -> datasets.DatasetFolder:
+        """The streaming path's dataset of a split: the checked file list, decoded again per item."""
+        ds = datasets.DatasetFolder(
+            str(self.train_dir), loader=load_image, extensions=IMG_EXTENSIONS, transform=transform, allow_empty=True
+        )
+        ds.samples = list(self.samples[split])
+        ds.targets = [t for _, t in ds.samples]
+        return ds
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        if self.in_memory:  # per-item views of the decoded tensors (the loaders use the tensors directly)
+            to_float = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)])
+            self.train_set = TensorImageDataset(*self.memory["train"], self.train_tf)
+            self.val_set = TensorImageDataset(*self.memory["val"], to_float)
+        else:
+            self.train_set = self._dataset("train", self.train_tf)
+            self.val_set = self._dataset("val", self.eval_tf)

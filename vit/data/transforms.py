@@ -1,0 +1,98 @@
+"""The per-image torchvision pipelines: training augmentation and evaluation preprocessing.
+
+The in-memory path (vit/data/device.py) does the same on whole batches on the training device; these are the
+DataLoader path's (streaming, `in_memory: false`) and the reference the batched one is tested against.
+"""
+
+import logging
+from functools import partial
+from typing import Literal
+
+import torch
+from torchvision.transforms import v2
+
+from vit.data.augment import BatchAutoAugment
+from vit.data.images import eval_geometry
+
+log = logging.getLogger(__name__)
+AutoAugment = Literal["none", "randaugment", "trivialaugment", "autoaugment"]
+
+class DataError(ValueError):
+    """Data that cannot be used: missing, unreadable or inconsistent. The message names the path or field."""
+
+
+def augment_policy(name: AutoAugment, autoaugment_policy=v2.AutoAugmentPolicy.IMAGENET) -> v2.Transform | None:
+    """The torchvision policy for a config name ('none' -> None); works on PIL images and uint8 tensors."""
+    policies = {
+        "randaugment": v2.RandAugment,
+        "trivialaugment": v2.TrivialAugmentWide,
+        "autoaugment": partial(v2.AutoAugment, autoaugment_policy),
+    }
+    if name == "none":
+        return None
+    if name not in policies:
+        raise ValueError(f"auto_augment={name!r} is not one of {['none', *policies]}")
+    return policies[name]()
+
+
+def train_transform(
+    img_size: int,
+    mean,
+    std,
+    crop_padding: int = 4,
+    hflip: bool = True,
+    auto_augment: AutoAugment = "none",
+    random_resized_crop: bool = False,
+    autoaugment_policy: v2.AutoAugmentPolicy = v2.AutoAugmentPolicy.IMAGENET,
+    random_erasing: float = 0.0,
+    crop_scale: tuple[float, float] = (0.35, 1.0),
+    rot90: bool = False,
+) -> v2.Compose:
+    """Training augmentation for a PIL image or a uint8 (C, H, W) tensor -> normalised float tensor. The reference
+    that the batched in-memory path (vit.data.device, vit.data.augment) reproduces, drawing per image.
+    `random_resized_crop`: RandomResizedCrop of `crop_scale` of the area instead of the padded crop; `rot90`: a random
+    quarter turn (with `hflip`: the 8 symmetries of the square)."""
+    if random_resized_crop:
+        ops = [v2.RandomResizedCrop(img_size, scale=tuple(crop_scale), antialias=True)]
+    else:
+        ops = [v2.RandomCrop(img_size, padding=crop_padding)] if crop_padding else []
+    if hflip:
+        ops.append(v2.RandomHorizontalFlip())
+    if auto_augment != "none":
+        ops.append(augment_policy(auto_augment, autoaugment_policy))
+    tail = [v2.RandomErasing(random_erasing, value=0)] if random_erasing > 0 else []
+    turn = [RandomQuarterTurn()] if rot90 else []
+    return v2.Compose(
+        [*ops, v2.ToImage(), *turn, v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std), *tail]
+    )
+
+
+class RandomQuarterTurn(torch.nn.Module):
+    """Turn a square (C, H, W) image tensor 0-3 quarter turns, each equally likely (torchvision has no such transform;
+    RandomRotation resamples). The reference of the in-memory path's vit.data.crops.quarter_turn."""
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        return torch.rot90(img, int(torch.randint(0, 4, ())), dims=(-2, -1))
+
+
+def check_crop_scale(crop_scale) -> tuple[float, float] | None:
+    """None, or RandomResizedCrop's (min, max) share of the area: one line naming the value when it is not one."""
+    if crop_scale is None:
+        return None
+    if len(crop_scale) != 2 or not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
+        raise ValueError(f"crop_scale={tuple(crop_scale)} must satisfy 0 < min <= max <= 1")
+    return (float(crop_scale[0]), float(crop_scale[1]))
+
+
+def batch_policy(name: AutoAugment, autoaugment_policy: str = "imagenet") -> BatchAutoAugment | None:
+    """The batched form (vit.data.augment) of augment_policy's torchvision policy: 'autoaugment' takes the dataset's
+    policy ('imagenet', 'cifar10', 'svhn')."""
+    if name == "none":
+        return None
+    augment_policy(name)  # the same one-line error for an unknown name
+    return BatchAutoAugment(f"autoaugment_{autoaugment_policy}" if name == "autoaugment" else name)
+
+
+def eval_transform(img_size: int, mean, std) -> v2.Compose:
+    """Evaluation and predict preprocessing: eval_geometry, then scale to [0, 1] and normalise."""
+    return v2.Compose([eval_geometry(img_size), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
