@@ -21,3 +21,16 @@ def test_balanced_accuracy_equals_sklearn_and_the_device_metric(seed):
     device = ConfusionCounts(5)
     device.update(logits, true)
     assert float(device.compute()[0]) == pytest.approx(expected, abs=1e-6)
+
+
+def test_top1_ece_is_torchmetrics_multiclass_ece_of_the_softmax():
+    from torchmetrics.functional.classification import multiclass_calibration_error
+
+    from vit.evaluation.scores import ECE_BINS, top1_ece
+
+    g = torch.Generator().manual_seed(0)
+    logits, true = torch.randn(300, 6, generator=g) * 3, torch.randint(0, 6, (300,), generator=g)
+    probs = logits.softmax(-1)
+    confidence, pred = probs.max(-1)
+    expected = float(multiclass_calibration_error(probs, true, 6, n_bins=ECE_BINS))
+    assert top1_ece(confidence, pred == true) == pytest.approx(expected, abs=1e-6) and expected > 0.05

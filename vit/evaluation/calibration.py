@@ -6,7 +6,7 @@ negative log-likelihood, divides every logit: `softmax(logits / T)`. The argmax,
 `vit-train fit` fits T on the validation set at the end (vit/commands/train.py) and stores it in the checkpoints;
 vit-predict and vit-serve apply it (`--raw-probs`, `?raw=1`: the softmax as it was), and the ONNX sidecar carries it.
 
-ECE here is torchmetrics' `multiclass_calibration_error` (15 equal-width confidence bins, L1): the gap between
+ECE here is the top-1 ECE of vit/evaluation/scores.py (15 equal-width confidence bins, L1): the gap between
 confidence and accuracy, weighted by how many predictions fall in each bin.
 """
 
@@ -14,9 +14,9 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torchmetrics.functional.classification import multiclass_calibration_error
 
-ECE_BINS = 15
+from vit.evaluation.scores import top1_ece
+
 # A model no better than chance is best calibrated by uniform probabilities: its NLL falls as T grows without end.
 # softmax(logits / 100) is uniform to within any digit anyone reads, so the fit stops there (and at 1/100 below).
 TEMPERATURE_RANGE = (0.01, 100.0)
@@ -45,10 +45,10 @@ def calibration_report(logits: torch.Tensor, targets: torch.Tensor, temperature:
     """ECE and NLL with and without the temperature: {"temperature", "ece", "ece_uncalibrated", "nll",
     "nll_uncalibrated"} as floats."""
     logits, targets = logits.detach().float().cpu(), targets.detach().cpu()
-    num_classes = logits.shape[-1]
 
     def ece(scaled: torch.Tensor) -> float:
-        return float(multiclass_calibration_error(scaled.softmax(-1), targets, num_classes, n_bins=ECE_BINS))
+        confidence, pred = scaled.softmax(-1).max(-1)
+        return top1_ece(confidence, pred == targets)
 
     return {
         "temperature": temperature,

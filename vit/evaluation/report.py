@@ -24,15 +24,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torchmetrics.functional.classification import (  # noqa: E402
-    binary_calibration_error,
     multiclass_confusion_matrix,
     multiclass_f1_score,
     multiclass_precision,
     multiclass_recall,
 )
 
-from vit.evaluation.calibration import ECE_BINS, probabilities  # noqa: E402
-from vit.evaluation.scores import balanced_accuracy  # noqa: E402
+from vit.evaluation.calibration import probabilities  # noqa: E402
+from vit.evaluation.scores import ECE_BINS, balanced_accuracy, top1_ece  # noqa: E402
 
 # --- confusion counts (also used at the end of training) -------------------------------------------------------------
 
@@ -131,9 +130,9 @@ def metrics_of(rows: dict[str, torch.Tensor], classes: list[str], temperature: f
         "confusion_matrix": cm.tolist(),
         "most_confused": [{"true": classes[i], "pred": classes[j], "count": n} for n, i, j in pairs[:most_confused]],
         "nll": float(rows["loss"].double().mean()),
-        "ece": float(binary_calibration_error(rows["prob"], correct, n_bins=ECE_BINS)),
+        "ece": top1_ece(rows["prob"], correct),
         "nll_uncalibrated": float(rows["loss_raw"].double().mean()),
-        "ece_uncalibrated": float(binary_calibration_error(rows["prob_raw"], correct, n_bins=ECE_BINS)),
+        "ece_uncalibrated": top1_ece(rows["prob_raw"], correct),
         "temperature": temperature,
     }
 

@@ -3,7 +3,7 @@ vit/training/metrics.py, counted on the device without a host read; here torchme
 counting where it has them."""
 
 import torch
-from torchmetrics.functional.classification import multiclass_confusion_matrix
+from torchmetrics.functional.classification import binary_calibration_error, multiclass_confusion_matrix
 
 
 def balanced_accuracy(pred: torch.Tensor, true: torch.Tensor, num_classes: int) -> float:
@@ -11,3 +11,13 @@ def balanced_accuracy(pred: torch.Tensor, true: torch.Tensor, num_classes: int) 
     cm = multiclass_confusion_matrix(pred, true, num_classes)
     support = cm.sum(dim=1)
     return float((cm.diag()[support > 0].double() / support[support > 0]).mean())
+
+
+ECE_BINS = 15
+
+
+def top1_ece(confidence: torch.Tensor, correct: torch.Tensor) -> float:
+    """Expected calibration error of the top-1 predictions: 15 equal-width bins of `confidence` (the probability
+    given to the predicted class), L1 gap to the accuracy in each, weighted by its count (torchmetrics'
+    binary_calibration_error on (confidence, correct); the same as its multiclass_calibration_error of the softmax)."""
+    return float(binary_calibration_error(confidence, correct.long(), n_bins=ECE_BINS))
