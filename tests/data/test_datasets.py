@@ -5,13 +5,12 @@ import struct
 import numpy as np
 import pytest
 import torch
+from formats import write_mnist
 from torchvision import datasets
 
 from vit.data.device import DeviceBatches
 from vit.data.torchvision_data import TorchvisionDataModule
 from vit.data.transforms import DataError
-
-from formats import write_mnist
 
 
 def test_mnist_by_name_trains_as_one_channel_with_its_own_statistics(tmp_path):

@@ -9,10 +9,9 @@ import time
 import numpy as np
 import pytest
 import yaml
-from formats import trust_cifar_checksums, write_cifar
-from PIL import Image
-from formats import write_mnist
 from fake_speeds import CPU2, speeds_by_tokens
+from formats import trust_cifar_checksums, write_cifar, write_mnist
+from PIL import Image
 
 import train
 from vit.data.sources import cifar_source, folder_source, source_for, stream_source, torchvision_source

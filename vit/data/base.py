@@ -16,6 +16,7 @@ from vit.data.device import DeviceBatches
 
 log = logging.getLogger(__name__)
 
+
 class TensorImageDataset(Dataset):
     """Images held in memory as one uint8 tensor (N, C, H, W), transformed per item."""
 

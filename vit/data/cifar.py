@@ -35,6 +35,7 @@ plate poppy porcupine possum rabbit raccoon ray road rocket rose sea seal shark 
 spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger tractor train trout tulip turtle
 wardrobe whale willow_tree wolf woman worm""".split()
 
+
 def open_cifar(dataset: str, root: str, train: bool, transform=None, download: bool = True) -> datasets.CIFAR10:
     """One split of CIFAR-10/100 from `root`, or a DataError that names the missing or unreadable file."""
     cls = datasets.CIFAR10 if dataset == "cifar10" else datasets.CIFAR100

@@ -2,10 +2,10 @@
 
 For data that fits in memory (digits, CIFAR, image folders) this replaces the DataLoader: no per-image PIL work, no
 worker processes and no per-image Python on the hot path. Augmentation semantics are those of the torchvision path
-(`vit.data.transforms.train_transform`), drawn per image (a whole epoch's choices at once) but applied to the whole batch
-(vit/data/crops.py, vit/data/augment.py): RandomResizedCrop or RandomCrop with zero padding, horizontal flip with p = 0.5, a
-random quarter turn, an AutoAugment-family policy, ToDtype(scale) and Normalize, Random Erasing. Mixup/CutMix stay in
-the LightningModule.
+(`vit.data.transforms.train_transform`), drawn per image (a whole epoch's choices at once) but applied to the whole
+batch (vit/data/crops.py, vit/data/augment.py): RandomResizedCrop or RandomCrop with zero padding, horizontal flip with
+p = 0.5, a random quarter turn, an AutoAugment-family policy, ToDtype(scale) and Normalize, Random Erasing. Mixup/CutMix
+stay in the LightningModule.
 
     batches = DeviceBatches(images_uint8, targets, batch_size=64, mean=m, std=s, train=True, crop_padding=4)
     for epoch in range(E):

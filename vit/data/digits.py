@@ -1,11 +1,10 @@
 """The built-in offline `digits` set: scikit-learn's 1,797 real 8x8 handwritten digits, shipped in the package."""
 
-
 import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
 
-from vit.data.base import ImageClassificationData, channel_mean_std, TensorImageDataset
+from vit.data.base import ImageClassificationData, TensorImageDataset, channel_mean_std
 from vit.data.transforms import train_transform
 
 

@@ -12,7 +12,7 @@ from torchvision import datasets
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 from torchvision.transforms import v2
 
-from vit.data.base import ImageClassificationData, channel_mean_std, TensorImageDataset
+from vit.data.base import ImageClassificationData, TensorImageDataset, channel_mean_std
 from vit.data.files import split_folders
 from vit.data.images import describe, eval_geometry, load_image, read_image
 from vit.data.transforms import (
@@ -25,6 +25,7 @@ from vit.data.transforms import (
 )
 
 log = logging.getLogger(__name__)
+
 
 def decode_images(paths: list[str], img_size: int, workers: int | None = None) -> tuple[list, list[tuple[str, str]]]:
     """Decode every image once, in threads (PIL releases the GIL), to the evaluation geometry at img_size (shorter

@@ -1,10 +1,10 @@
 """Every data source as the recipe planner reads it, before any DataModule is built: the training split's counts, its
-labels, its image headers and its images. One fingerprint (vit/planning/plan.py) and one rule table then plan folders, CIFAR,
-torchvision datasets and litdata streams alike.
+labels, its image headers and its images. One fingerprint (vit/planning/fingerprint.py) and one rule table then plan
+folders, CIFAR, torchvision datasets and litdata streams alike.
 
     src = source_for(config.data)      # a parsed `data:` config (class_path, init_args)
     src = folder_source("photos/")     # or one source directly
-    fp = fingerprint(src)              # vit/planning/plan.py: counts, balance, sizes, channels, mirror symmetry, decode time
+    fp = fingerprint(src)              # vit/planning/fingerprint.py: counts, sizes, channels, symmetries, decode time
 
 Nothing is decoded here beyond what a header read needs; the fingerprint decodes its small sample through `image`.
 """
@@ -19,13 +19,12 @@ from pathlib import Path
 
 import torch
 from PIL import Image
-from torchvision.datasets import DatasetFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
-from vit.data.transforms import DataError
-from vit.data.cifar import open_cifar
 
+from vit.data.cifar import open_cifar
 from vit.data.files import class_files, split_folders
 from vit.data.images import convert_image, read_image
+from vit.data.transforms import DataError
 
 GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
 # Items a stream's class counts are estimated from when its vit_meta.json has none (chunks written before the

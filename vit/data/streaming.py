@@ -7,8 +7,8 @@ storage), then streamed with per-rank sharding under DDP.
 (`input_dir` may be `s3://bucket/prefix` once the chunks are uploaded there: litdata reads object storage and keeps a
 capped local cache.) The chunks hold the original encoded files, so optimize is a copy, not a decode; images are
 decoded, resized and augmented per image in the DataLoader workers with torchvision's transforms, as on the streaming
-path of vit/data/transforms.py. Each rank reads its own share of the chunks: every image once per epoch across ranks (tested under
-2-process DDP). litdata shuffles by chunk, then within a window, not globally (litdata issue 797).
+path of vit/data/transforms.py. Each rank reads its own share of the chunks: every image once per epoch across ranks
+(tested under 2-process DDP). litdata shuffles by chunk, then within a window, not globally (litdata issue 797).
 """
 
 import io
@@ -17,12 +17,12 @@ import multiprocessing
 from pathlib import Path
 
 import torch
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
-from vit.data.base import ImageClassificationData, channel_mean_std
-from vit.data.transforms import check_crop_scale, eval_transform, train_transform
+from torchvision.datasets.folder import find_classes
 
+from vit.data.base import ImageClassificationData, channel_mean_std
 from vit.data.files import class_files, split_folders
 from vit.data.images import eval_geometry, load_image
+from vit.data.transforms import check_crop_scale, eval_transform, train_transform
 
 META = "vit_meta.json"  # class names and the training images' mean/std, written beside the chunks
 

@@ -20,14 +20,12 @@ import torch
 import torch.nn.functional as F
 from torchvision import datasets
 from torchvision.transforms import v2
-from vit.data.files import TRAIN_DIRS, VAL_DIRS
-from vit.data.cifar import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD
-from vit.data.transforms import AutoAugment, DataError, batch_policy, check_crop_scale
-from vit.data.base import ImageClassificationData, TensorImageDataset
-from vit.data.base import channel_mean_std
-from vit.data.folder import decode_images
 
-from vit.data.files import first_idx_problem
+from vit.data.base import ImageClassificationData, TensorImageDataset, channel_mean_std
+from vit.data.cifar import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD
+from vit.data.files import TRAIN_DIRS, VAL_DIRS, first_idx_problem
+from vit.data.folder import decode_images
+from vit.data.transforms import AutoAugment, DataError, batch_policy, check_crop_scale
 
 # name -> (torchvision class, how to ask for the training and the validation split). The names are timm's
 # (timm.data.dataset_factory: cifar10, cifar100, mnist, kmnist, fashion_mnist, qmnist, inaturalist, places365,

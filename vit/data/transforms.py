@@ -17,6 +17,7 @@ from vit.data.images import eval_geometry
 log = logging.getLogger(__name__)
 AutoAugment = Literal["none", "randaugment", "trivialaugment", "autoaugment"]
 
+
 class DataError(ValueError):
     """Data that cannot be used: missing, unreadable or inconsistent. The message names the path or field."""
 
