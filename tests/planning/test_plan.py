@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from bench.digits_folder import write_digits_folder
 from fake_speeds import CPU2, speeds_by_tokens, speeds_like_2_cores
 
 import train
+from bench.digits_folder import write_digits_folder
 from vit.planning.budget import parse_budget
 from vit.planning.fingerprint import Fingerprint, mirror_symmetry
 from vit.planning.plan import MODELS, make_plan
