@@ -8,6 +8,9 @@
 The command that writes them for image files, `vit-attention`, is vit/commands/attention.py.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import matplotlib
 import numpy as np
 import torch
@@ -17,29 +20,37 @@ from torchvision.utils import make_grid
 from vit.model.vision_transformer import Attention, VisionTransformer
 
 
-@torch.no_grad()
-def capture_attention(model: VisionTransformer, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Attention weights of every block for a batch, and the logits: L tensors of (B, H, N, N), N including prefix.
-
-    Fused SDPA never materialises the weights, so each Attention instance is switched to its manual path for this one
-    forward, and a hook on `attn_drop` reads its input (the softmax, before dropout). Every instance's `fused_attn`,
-    the hooks and the model's train/eval flags are restored afterwards, whatever happens.
-    """
+@contextmanager
+def attention_weights(model: VisionTransformer, detach: bool = True) -> Iterator[list[torch.Tensor]]:
+    """Inside the block, every forward of `model` appends each block's attention weights (B, H, N, N), N including
+    prefix tokens, to the yielded list: detached float copies, or with `detach=False` the tensors themselves, in the
+    autograd graph. Fused SDPA never materialises the weights, so each Attention instance runs its manual path, and a
+    hook on `attn_drop` reads its input (the softmax, before dropout). Every instance's `fused_attn` and the hooks are
+    restored afterwards, whatever happens."""
     attns = [m for m in model.modules() if isinstance(m, Attention)]
     fused = [m.fused_attn for m in attns]
     captured: list[torch.Tensor] = []
-    hooks = [
-        m.attn_drop.register_forward_hook(lambda mod, inp, out: captured.append(inp[0].detach().float())) for m in attns
-    ]
+
+    def keep(module, inputs, output) -> None:
+        captured.append(inputs[0].detach().float() if detach else inputs[0])
+
+    hooks = [m.attn_drop.register_forward_hook(keep) for m in attns]
     try:
         for m in attns:
             m.fused_attn = False
-        logits = model(x)
+        yield captured
     finally:
         for m, f in zip(attns, fused):
             m.fused_attn = f
         for h in hooks:
             h.remove()
+
+
+@torch.no_grad()
+def capture_attention(model: VisionTransformer, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Attention weights of every block for a batch, and the logits: L tensors of (B, H, N, N), N including prefix."""
+    with attention_weights(model) as captured:
+        logits = model(x)
     return captured, logits
 
 
@@ -82,16 +93,11 @@ def relevance(
     Works for every attention variant (the weights are taken where the manual path materialises them: after masks,
     RoPE, grouped or latent keys). Gradients are taken with respect to the weights only: no parameter's .grad changes.
     """
-    attns = [m for m in model.modules() if isinstance(m, Attention)]
-    fused, training = [m.fused_attn for m in attns], model.training
-    captured: list[torch.Tensor] = []
-    hooks = [m.attn_drop.register_forward_hook(lambda mod, inp, out: captured.append(inp[0])) for m in attns]
+    training = model.training
     try:
-        for m in attns:
-            m.fused_attn = False
         model.eval()
         # out of inference_mode too (predict runs in it): its tensors cannot enter autograd, so x is cloned
-        with torch.inference_mode(False), torch.enable_grad():
+        with attention_weights(model, detach=False) as captured, torch.inference_mode(False), torch.enable_grad():
             logits = model(x.clone().requires_grad_(True))  # an input that needs grad: frozen weights work too
             if target is None:
                 target = logits.argmax(-1)
@@ -100,10 +106,6 @@ def relevance(
             score = logits.gather(1, target.to(logits.device).view(-1, 1)).sum()  # images are independent
             grads = torch.autograd.grad(score, captured)
     finally:
-        for m, f in zip(attns, fused):
-            m.fused_attn = f
-        for h in hooks:
-            h.remove()
         model.train(training)
     B, N = x.shape[0], captured[0].shape[-1]
     R = torch.eye(N, device=x.device).expand(B, N, N).clone()
