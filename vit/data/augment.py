@@ -16,7 +16,7 @@ transformed with a fixed number of tensor operations, whatever its size and what
   host reads. On CPU the batch is sorted by kind and each kernel runs on its own slice (see apply_entries).
 
 Each operation is tested against torchvision's functional on the same image and parameters, and the drawn operations
-and magnitudes against torchvision's own draws (tests/data/test_augment.py).
+and magnitudes against torchvision's own draws (tests/data_pipeline/test_augment.py).
 
     aug = BatchAutoAugment("autoaugment_cifar10")
     x = aug(x_uint8, generator)                       # (B, C, H, W) uint8 -> uint8
