@@ -125,6 +125,34 @@ def test_conv_stem_matches_its_formula_and_keeps_the_token_grid():
         ViTConfig(img_size=48, patch_size=12, stem="conv")
 
 
+def test_mimetic_init_gives_the_papers_products_and_attention_to_self():
+    torch.manual_seed(0)
+    D, H = 96, 3
+    attn = VisionTransformer(**{**SMALL, "embed_dim": D, "num_heads": H, "weight_init": "mimetic"}).blocks[0].attn
+    wq, wk, wv = attn.qkv.weight.detach().split(D)  # (D, D) each, rows grouped by head
+    qk = [wq[h * 32 : (h + 1) * 32].T @ wk[h * 32 : (h + 1) * 32] for h in range(H)]  # W_q^h^T W_k^h (D, D)
+    for m in qk:  # a rank-32 part of 0.7 Z + 0.7 I: the identity dominates the trace, not the off-diagonal
+        assert m.diagonal().mean() > 0.2 and (m - torch.diag(m.diagonal())).abs().mean() < 0.1
+    vo = attn.proj.weight.detach() @ wv  # W_proj W_v = 0.4 Z - 0.4 I exactly (full rank)
+    assert abs(vo.diagonal().mean() + 0.4) < 0.05
+    assert abs((vo + 0.4 * torch.eye(D)).std() - 0.4 / D**0.5) < 0.01
+    assert (attn.qkv.bias == 0).all() and (attn.proj.bias == 0).all()
+
+    # at initialisation a token attends to itself far more than with timm's init (uniform would be 1/16)
+    x = torch.randn(4, 3, 32, 32)
+    diag = {}
+    for init in ("", "mimetic"):
+        torch.manual_seed(1)
+        model = VisionTransformer(**{**SMALL, "embed_dim": D, "num_heads": H, "weight_init": init}).eval()
+        attns, _ = capture_attention(model, x)
+        diag[init] = attns[0].diagonal(dim1=-2, dim2=-1).mean().item()
+    assert diag["mimetic"] > 3 * diag[""] and diag[""] < 2 / 16
+    with pytest.raises(ValueError, match="weight_init='mimetic' needs plain attention"):
+        ViTConfig(embed_dim=64, num_heads=4, num_kv_heads=2, weight_init="mimetic")
+    with pytest.raises(ValueError, match="weight_init='jax' is not one of"):
+        ViTConfig(weight_init="jax")
+
+
 def test_swiglu_keeps_the_parameter_count_and_matches_its_formula():
     mlp = Block(ViTConfig(embed_dim=48, num_heads=4, mlp_layer="mlp")).mlp
     glu = Block(ViTConfig(embed_dim=48, num_heads=4, mlp_layer="swiglu")).mlp

@@ -16,6 +16,7 @@ AttnPattern = Literal["global", "local", "dilated", "sparse"]
 MlpName = Literal["mlp", "swiglu"]
 StemName = Literal["patch", "conv"]
 NormPosition = Literal["pre", "post"]
+WeightInit = Literal["", "mimetic"]
 
 
 def _is_int(v) -> bool:
@@ -106,6 +107,10 @@ class ViTConfig:
     """patch: one strided convolution per patch (the ViT paper's patchify); conv: a convolutional stem (Xiao et al.
     2021), log2(patch_size) 3x3 stride-2 convolutions with BatchNorm and ReLU, then a 1x1 one to embed_dim: the same
     token grid, with locality and overlapping receptive fields that small data lacks. patch_size a power of 2."""
+    weight_init: WeightInit = ""
+    """"" (timm's default: trunc-normal 0.02 for the linears), or mimetic (Trockman & Kolter 2023): each head's
+    W_q W_k^T starts near 0.7 Z + 0.7 I and W_proj W_v near 0.4 Z - 0.4 I (Z Gaussian), the products that attention
+    layers of pretrained ViTs show, at no cost per step. Plain attention only (no grouped-query or latent heads)."""
 
     def __post_init__(self) -> None:
         c = self
@@ -131,6 +136,7 @@ class ViTConfig:
             ("mlp_layer", MlpName),
             ("norm_position", NormPosition),
             ("stem", StemName),
+            ("weight_init", WeightInit),
         ):
             if getattr(c, name) not in allowed.__args__:
                 raise ValueError(f"{name}={getattr(c, name)!r} is not one of {list(allowed.__args__)}")
@@ -166,6 +172,8 @@ class ViTConfig:
             )
         if c.stem == "conv" and (c.patch_size < 2 or c.patch_size & (c.patch_size - 1)):
             raise ValueError(f"stem='conv' needs a power-of-2 patch_size (2, 4, 8, 16, ...), got {c.patch_size}")
+        if c.weight_init == "mimetic" and (c.kv_latent_dim or (c.num_kv_heads or c.num_heads) != c.num_heads):
+            raise ValueError("weight_init='mimetic' needs plain attention: num_kv_heads and kv_latent_dim null")
         lat = c.kv_latent_dim
         if lat is not None and (not _is_int(lat) or lat < 1):
             raise ValueError(f"kv_latent_dim={lat!r} must be a positive integer, or null for plain attention")

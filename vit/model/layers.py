@@ -1,5 +1,6 @@
 """Layers the model composes that have no parameters of their own: norms by name, fixed 2D position embeddings,
-2D rotary embeddings and the boolean attention masks of the local / dilated / sparse patterns.
+2D rotary embeddings, the boolean attention masks of the local / dilated / sparse patterns, and the factors of the
+mimetic initialisation.
 
 Pure functions of sizes; `vit/model/vision_transformer.py` calls them once per input grid and caches the result.
 """
@@ -86,3 +87,12 @@ def attention_pattern_mask(
     mask = torch.ones(p + dr.shape[0], p + dr.shape[0], dtype=torch.bool)
     mask[p:, p:] = allowed
     return mask
+
+
+def mimetic_factors(dim: int, *, alpha: float, beta: float, generator: torch.Generator | None = None):
+    """L, R (dim, dim) with L @ R = alpha Z + beta I, Z ~ N(0, 1/dim) (Trockman & Kolter 2023, "Mimetic initialization
+    of self-attention layers"): the SVD U S V^T of the target split as L = U sqrt(S), R = sqrt(S) V^T. The first k
+    columns of L and rows of R give its best rank-k approximation (one head's W_q^T and W_k)."""
+    z = torch.randn(dim, dim, generator=generator) / dim**0.5
+    u, s, vh = torch.linalg.svd(alpha * z + beta * torch.eye(dim))
+    return u * s.sqrt(), s.sqrt()[:, None] * vh

@@ -20,7 +20,14 @@ import torch.nn.functional as F
 from timm.layers import DropPath, LayerScale, Mlp, PatchDropout, SwiGLU, resample_abs_pos_embed, trunc_normal_
 
 from vit.model.config import ViTConfig
-from vit.model.layers import apply_rope, attention_pattern_mask, get_norm_layer, rope_2d, sincos_2d_pos_embed
+from vit.model.layers import (
+    apply_rope,
+    attention_pattern_mask,
+    get_norm_layer,
+    mimetic_factors,
+    rope_2d,
+    sincos_2d_pos_embed,
+)
 from vit.model.moe import MoEMlp
 
 
@@ -119,6 +126,22 @@ class Attention(nn.Module):
         k = k.reshape(B, N, KV, Dh).transpose(1, 2)
         v = v.reshape(B, N, KV, Dh).transpose(1, 2)
         return self.q_norm(q), self.k_norm(k), v
+
+    @torch.no_grad()
+    def mimetic_init_(self, alpha1: float = 0.7, beta1: float = 0.7, alpha2: float = 0.4, beta2: float = 0.4) -> None:
+        """Trockman & Kolter (2023)'s values: per head, W_q^h^T W_k^h (D, D) is the best rank-Dh approximation of
+        alpha1 Z1 + beta1 I (a query attends to tokens like itself, hence near itself through the position
+        embedding); W_proj W_v = alpha2 Z2 - beta2 I over all heads. Biases stay zero. With qk_norm the scale of
+        q and k is normalised away and only the directions remain, which carry the structure."""
+        D, H, Dh = self.proj.in_features, self.num_heads, self.head_dim
+        w = self.qkv.weight  # (3 D, D): rows [q heads | k heads | v]
+        for h in range(H):
+            left, right = mimetic_factors(D, alpha=alpha1, beta=beta1)
+            w[h * Dh : (h + 1) * Dh] = left[:, :Dh].T  # W_q^h (Dh, D)
+            w[D + h * Dh : D + (h + 1) * Dh] = right[:Dh]  # W_k^h (Dh, D)
+        left, right = mimetic_factors(D, alpha=alpha2, beta=-beta2)
+        w[2 * D :] = right  # W_v (D, D)
+        self.proj.weight.copy_(left)  # W_proj (D, D): W_proj W_v = alpha2 Z2 - beta2 I
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
         """x (B, N, D); attn_mask (N, N) bool, True where a query may attend to a key; rope (cos, sin) of the
@@ -252,6 +275,9 @@ class VisionTransformer(nn.Module):
                 trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
+        if self.cfg.weight_init == "mimetic":
+            for blk in self.blocks:
+                blk.attn.mimetic_init_()
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that AdamW should not decay (besides norms and biases)."""
