@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from vit.evaluation.attention_maps import capture_attention
 from vit.model.config import ViTConfig
 from vit.model.layers import apply_rope, attention_pattern_mask, rope_2d
-from vit.model.vision_transformer import Attention, Block, VisionTransformer
+from vit.model.vision_transformer import Attention, Block, VisionTransformer, shifted_patches
 
 ROOT = Path(__file__).parents[2]
 VARIANTS = sorted((ROOT / "configs" / "variants").glob("*.yaml"))
@@ -74,6 +74,9 @@ VARIANT_MODELS = {
     "moe": dict(moe_experts=3, moe_top_k=2, moe_capacity_factor=0),
     "rope_abs_token": dict(rope=True, global_pool="token"),
     "convstem": dict(stem="conv"),
+    "spt_lsa": dict(stem="spt", lsa=True),
+    "lsa_local_token": dict(lsa=True, attn_pattern="local", global_pool="token", img_size=48),
+    "mimetic": dict(weight_init="mimetic"),
 }
 
 
@@ -236,3 +239,59 @@ def test_latent_attention_matches_its_formula_and_stores_less():
         torch.testing.assert_close(attn(x), ref, atol=1e-5, rtol=0)
     per_token_cache = latent.shape[-1]
     assert per_token_cache == 8 < 2 * 32  # a latent of 8 per token instead of 64 key and value numbers
+
+
+def test_shifted_patch_tokens_match_the_papers_shifts_and_layout():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 16, 16)
+    p, s = 8, 4
+    tokens = shifted_patches(x, p)  # (B, N, 5 C p^2)
+    assert tokens.shape == (2, 4, 5 * 3 * 64)
+    ref = [x]
+    for dy, dx in ((s, s), (s, -s), (-s, s), (-s, -s)):  # content moved by (dy, dx), zeros where it leaves
+        shifted = torch.zeros_like(x)
+        for i in range(16):
+            for j in range(16):
+                if 0 <= i - dy < 16 and 0 <= j - dx < 16:
+                    shifted[..., i, j] = x[..., i - dy, j - dx]
+        ref.append(shifted)
+    ref = torch.cat(ref, dim=1)  # (B, 5C, H, W)
+    for n, (r, c) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):  # row-major patches, (p1 p2 c) inside each
+        patch = ref[:, :, r * p : (r + 1) * p, c * p : (c + 1) * p].permute(0, 2, 3, 1).reshape(2, -1)
+        torch.testing.assert_close(tokens[:, n], patch)
+
+    model = VisionTransformer(**{**SMALL, "stem": "spt"}).eval()
+    emb = model.patch_embed
+    out, grid = emb(torch.randn(2, 3, 32, 32))
+    assert grid == (4, 4) and out.shape == (2, 16, 32)
+    y = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(emb(y)[0], emb.proj(emb.norm(shifted_patches(y, 8))))
+    assert model(y).shape == (2, 5)
+    with pytest.raises(ValueError, match="stem='spt' shifts by half a patch"):
+        ViTConfig(img_size=27, patch_size=9, stem="spt")
+
+
+def test_locality_self_attention_masks_the_diagonal_and_learns_its_temperature():
+    torch.manual_seed(0)
+    model = VisionTransformer(**{**SMALL, "lsa": True}).eval()
+    attn = model.blocks[0].attn
+    assert attn.temperature.item() == pytest.approx(math.sqrt(8))
+    with torch.no_grad():
+        attn.temperature.fill_(0.5)  # another temperature: both paths and the reference must use it
+    x = torch.randn(2, 3, 32, 32)
+    fused = model(x)
+    model.set_fused_attn(False)
+    manual = model(x)
+    torch.testing.assert_close(fused, manual, atol=1e-5, rtol=1e-5)
+    attns, _ = capture_attention(model, x)
+    assert (attns[0].diagonal(dim1=-2, dim2=-1) == 0).all()  # a token never attends to itself
+    tokens = model.patch_embed(x)[0] + model.pos_embed
+    q, k, v = attn.qkv_heads(model.blocks[0].norm1(tokens))
+    logits = (q @ k.transpose(-2, -1)) / 0.5
+    logits = logits.masked_fill(torch.eye(16, dtype=torch.bool), float("-inf"))
+    torch.testing.assert_close(attns[0], logits.softmax(-1), atol=1e-5, rtol=1e-5)
+    loss = model.train()(x).sum()
+    loss.backward()
+    assert attn.temperature.grad is not None and attn.temperature.grad != 0  # learned
+    with pytest.raises(ValueError, match="nothing left to attend to"):
+        ViTConfig(img_size=8, patch_size=8, lsa=True)

@@ -14,7 +14,7 @@ PosEmbedName = Literal["learned", "sincos2d", "rope2d"]
 PoolName = Literal["avg", "token"]
 AttnPattern = Literal["global", "local", "dilated", "sparse"]
 MlpName = Literal["mlp", "swiglu"]
-StemName = Literal["patch", "conv"]
+StemName = Literal["patch", "conv", "spt"]
 NormPosition = Literal["pre", "post"]
 WeightInit = Literal["", "mimetic"]
 
@@ -106,7 +106,13 @@ class ViTConfig:
     stem: StemName = "patch"
     """patch: one strided convolution per patch (the ViT paper's patchify); conv: a convolutional stem (Xiao et al.
     2021), log2(patch_size) 3x3 stride-2 convolutions with BatchNorm and ReLU, then a 1x1 one to embed_dim: the same
-    token grid, with locality and overlapping receptive fields that small data lacks. patch_size a power of 2."""
+    token grid, with locality and overlapping receptive fields that small data lacks. patch_size a power of 2;
+    spt: Shifted Patch Tokenization (Lee et al. 2021), the image and its four diagonal shifts by half a patch,
+    concatenated, cut into patches, LayerNorm and a linear layer: each token sees its neighbours' edges. patch_size
+    even."""
+    lsa: bool = False
+    """Locality Self-Attention (Lee et al. 2021): a learned softmax temperature per block (from sqrt(head_dim)) and no
+    attention of a token to itself, which sharpens attention on small data."""
     weight_init: WeightInit = ""
     """"" (timm's default: trunc-normal 0.02 for the linears), or mimetic (Trockman & Kolter 2023): each head's
     W_q W_k^T starts near 0.7 Z + 0.7 I and W_proj W_v near 0.4 Z - 0.4 I (Z Gaussian), the products that attention
@@ -174,6 +180,14 @@ class ViTConfig:
             raise ValueError(f"stem='conv' needs a power-of-2 patch_size (2, 4, 8, 16, ...), got {c.patch_size}")
         if c.weight_init == "mimetic" and (c.kv_latent_dim or (c.num_kv_heads or c.num_heads) != c.num_heads):
             raise ValueError("weight_init='mimetic' needs plain attention: num_kv_heads and kv_latent_dim null")
+        if c.stem == "spt" and c.patch_size % 2:
+            raise ValueError(f"stem='spt' shifts by half a patch: patch_size must be even, got {c.patch_size}")
+        one_token = c.img_size == c.patch_size and c.global_pool == "avg"
+        if c.lsa and (one_token or (c.attn_pattern == "local" and c.attn_window < 2)):
+            raise ValueError(
+                "lsa=true hides each token from itself: with one token, or attn_pattern='local' and attn_window=1, "
+                "a token has nothing left to attend to"
+            )
         lat = c.kv_latent_dim
         if lat is not None and (not _is_int(lat) or lat < 1):
             raise ValueError(f"kv_latent_dim={lat!r} must be a positive integer, or null for plain attention")

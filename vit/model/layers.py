@@ -81,6 +81,8 @@ def attention_pattern_mask(
     elif pattern == "sparse":
         glob = torch.arange(dr.shape[0]) < global_tokens
         allowed = local | dilated | glob[None, :] | glob[:, None]
+    elif pattern == "global":
+        allowed = torch.ones_like(local)
     else:
         raise ValueError(f"attn_pattern={pattern!r} is not one of ['global', 'local', 'dilated', 'sparse']")
     p = num_prefix_tokens

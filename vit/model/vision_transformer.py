@@ -44,14 +44,35 @@ def conv_stem(in_chans: int, embed_dim: int, patch_size: int) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def shifted_patches(x: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """Shifted Patch Tokenization's input (Lee et al. 2021): the image and its four diagonal shifts by half a patch
+    (zeros where a shift leaves the frame), cut into patches: (B, C, H, W) -> (B, N, 5 C p^2), each patch flattened
+    (row, column, channel) as the paper's Rearrange('b c (h p1) (w p2) -> b (h w) (p1 p2 c)'). Pad and slice only:
+    it exports to ONNX and runs on any device."""
+    B, C, H, W = x.shape
+    s, p = patch_size // 2, patch_size
+    xp = F.pad(x, (s, s, s, s))  # (B, C, H + 2s, W + 2s)
+    # content moved down-right, down-left, up-right, up-left: a crop of the padded image at each corner
+    shifts = [xp[..., dy : dy + H, dx : dx + W] for dy in (0, 2 * s) for dx in (0, 2 * s)]
+    x = torch.cat([x, *shifts], dim=1)  # (B, 5C, H, W)
+    x = x.reshape(B, 5 * C, H // p, p, W // p, p).permute(0, 2, 4, 3, 5, 1)  # (B, H/p, W/p, p, p, 5C)
+    return x.reshape(B, (H // p) * (W // p), p * p * 5 * C)
+
+
 class PatchEmbed(nn.Module):
-    """Image to patch tokens: (B, C, H, W) -> (B, N, D), N = (H/p) * (W/p). One strided convolution (`proj`), or with
-    `stem='conv'` a convolutional stem (`stem`) and a 1x1 convolution (`proj`) to the token width."""
+    """Image to patch tokens: (B, C, H, W) -> (B, N, D), N = (H/p) * (W/p). One strided convolution (`proj`); with
+    `stem='conv'` a convolutional stem (`stem`) and a 1x1 convolution (`proj`) to the token width; with `stem='spt'`
+    shifted patches, a LayerNorm (`norm`) and a linear layer (`proj`)."""
 
     def __init__(self, patch_size: int, in_chans: int, embed_dim: int, stem: str = "patch"):
         super().__init__()
         self.patch_size, self.in_chans = patch_size, in_chans
-        if stem == "conv":
+        self.spt = stem == "spt"
+        if self.spt:
+            self.stem = nn.Identity()
+            self.norm = nn.LayerNorm(5 * in_chans * patch_size**2, eps=1e-6)
+            self.proj = nn.Linear(5 * in_chans * patch_size**2, embed_dim)
+        elif stem == "conv":
             self.stem = conv_stem(in_chans, embed_dim, patch_size)
             self.proj = nn.Conv2d(self.stem[-3].out_channels, embed_dim, kernel_size=1)
         else:
@@ -62,6 +83,9 @@ class PatchEmbed(nn.Module):
         H, W = x.shape[-2:]
         if H % self.patch_size or W % self.patch_size:
             raise ValueError(f"input size {H}x{W} is not divisible by patch_size={self.patch_size}")
+        if self.spt:
+            grid = (H // self.patch_size, W // self.patch_size)
+            return self.proj(self.norm(shifted_patches(x, self.patch_size))), grid  # (B, N, D)
         x = self.proj(self.stem(x))  # (B, D, H/p, W/p)
         grid = (x.shape[-2], x.shape[-1])
         return x.flatten(2).transpose(1, 2), grid  # (B, N, D)
@@ -87,12 +111,16 @@ class Attention(nn.Module):
         norm_layer: type[nn.Module] = nn.LayerNorm,
         num_kv_heads: int | None = None,
         kv_latent_dim: int | None = None,
+        lsa: bool = False,
     ):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads or num_heads  # < num_heads: grouped-query attention; 1: multi-query
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
+        # Locality Self-Attention's learned temperature: logits q.k / temperature, from sqrt(head_dim); the
+        # diagonal mask comes with the block's attn_mask (VisionTransformer.attn_mask_for)
+        self.temperature = nn.Parameter(torch.tensor(self.head_dim**0.5)) if lsa else None
         self.fused_attn = True
         kv_dim = self.num_kv_heads * self.head_dim
         self.kv_latent_dim = kv_latent_dim
@@ -153,16 +181,25 @@ class Attention(nn.Module):
             q = torch.cat([q[:, :, :p], apply_rope(q[:, :, p:], *rope)], dim=2)
             k = torch.cat([k[:, :, :p], apply_rope(k[:, :, p:], *rope)], dim=2)
         gqa = self.num_kv_heads != self.num_heads
+        scale = self.scale if self.temperature is None else 1.0
+        if self.temperature is not None:  # SDPA's scale is a float: the learned one goes into q (a multiply)
+            q = q / self.temperature
         if self.fused_attn:
             # enable_gqa: SDPA shares each kv head across its group of query heads without copying it
             x = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, enable_gqa=gqa, dropout_p=self.attn_drop.p if self.training else 0.0
+                q,
+                k,
+                v,
+                attn_mask=attn_mask,
+                enable_gqa=gqa,
+                dropout_p=self.attn_drop.p if self.training else 0.0,
+                scale=scale,
             )
         else:
             if gqa:
                 group = self.num_heads // self.num_kv_heads
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, N, Dh)
-            attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
+            attn = (q * scale) @ k.transpose(-2, -1)  # (B, H, N, N)
             if attn_mask is not None:
                 attn = attn.masked_fill(~attn_mask, float("-inf"))
             attn = self.attn_drop(attn.softmax(dim=-1))
@@ -191,6 +228,7 @@ class Block(nn.Module):
             norm_layer=norm_layer,
             num_kv_heads=cfg.num_kv_heads,
             kv_latent_dim=cfg.kv_latent_dim,
+            lsa=cfg.lsa,
         )
         self.ls1 = LayerScale(dim, cfg.init_values) if cfg.init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -256,6 +294,7 @@ class VisionTransformer(nn.Module):
         )
         dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()  # stochastic depth grows with depth
         self.attn_pattern = (cfg.attn_pattern, cfg.attn_window, cfg.attn_dilation, cfg.attn_global_tokens)
+        self.lsa = cfg.lsa
         self._masks: dict = {}  # (grid, device) -> mask, ("rope", grid, device) -> (cos, sin): once per input size
         self.blocks = nn.ModuleList([Block(cfg, drop_path=dpr[i]) for i in range(cfg.depth)])
         self.norm = nn.Identity() if cfg.fc_norm else norm(cfg.embed_dim)
@@ -311,12 +350,16 @@ class VisionTransformer(nn.Module):
         return self._masks[key]
 
     def attn_mask_for(self, grid: tuple[int, int], device: torch.device) -> torch.Tensor | None:
-        """The (T, T) attention mask of `attn_pattern` for a patch grid (None for global attention)."""
-        if self.attn_pattern[0] == "global":
+        """The (T, T) attention mask of `attn_pattern` for a patch grid, without the diagonal under LSA (None for
+        global attention without LSA)."""
+        if self.attn_pattern[0] == "global" and not self.lsa:
             return None
         key = (grid, device)
         if key not in self._masks:
-            self._masks[key] = attention_pattern_mask(grid, *self.attn_pattern, self.num_prefix_tokens).to(device)
+            mask = attention_pattern_mask(grid, *self.attn_pattern, self.num_prefix_tokens)
+            if self.lsa:  # Locality Self-Attention: a token never attends to itself
+                mask = mask & ~torch.eye(mask.shape[0], dtype=torch.bool)
+            self._masks[key] = mask.to(device)
         return self._masks[key]
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
