@@ -55,9 +55,13 @@ def _data_for(config: str, root: Path, monkeypatch) -> list[str]:
         import timm
         from safetensors.torch import save_file
 
+        # the config names the weights; they are read from a Hugging Face cache that this test writes, offline
         vit_s = timm.create_model("vit_small_patch16_224", pretrained=False)  # the architecture, never the hub
-        (root / "weights").mkdir()
-        save_file(vit_s.state_dict(), str(root / "weights" / "vit_small_patch16_224.safetensors"))
+        snapshot = root / "hub" / "models--timm--vit_small_patch16_224.augreg_in21k_ft_in1k" / "snapshots" / "x"
+        snapshot.mkdir(parents=True)
+        save_file(vit_s.state_dict(), str(snapshot / "model.safetensors"))
+        monkeypatch.setenv("HF_HUB_CACHE", str(root / "hub"))
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         # ViT-S/16 from the timm file, one step, at 32 px: its 14x14 position grid resampled to 2x2 (as any other
         # img_size would be; tests/model/test_interop.py checks the resampling). At the shipped 224 px, one bf16 step
         # did not end in 16 minutes on an AVX2-only CPU (bf16 matmuls fall back to a reference gemm there). Its maps

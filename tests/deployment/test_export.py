@@ -13,7 +13,9 @@ from vit.model.vision_transformer import VisionTransformer
 
 
 @pytest.mark.parametrize(
-    "cfg", [{}, {"global_pool": "token", "pos_embed": "sincos2d"}, {"stem": "conv"}], ids=["avg", "token", "convstem"]
+    "cfg",
+    [{}, {"global_pool": "token", "pos_embed": "sincos2d"}, {"stem": "conv"}, {"stem": "spt", "lsa": True}],
+    ids=["avg", "token", "convstem", "spt_lsa"],
 )
 def test_onnx_logits_match_pytorch_with_a_dynamic_batch(cfg, tmp_path):
     model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, **cfg)
@@ -141,3 +143,37 @@ def test_onnx_fed_as_its_sidecar_says_gives_vit_predicts_answers(smoke_ckpt, tmp
         ours = {d["label"]: d["prob"] for d in rec["predictions"]}
         assert meta["class_names"][int(p.argmax())] == rec["predictions"][0]["label"], rec["path"]
         np.testing.assert_allclose([ours[c] for c in meta["class_names"]], p, atol=0.02, err_msg=rec["path"])
+
+
+@pytest.mark.parametrize("cfg", [{}, {"global_pool": "token", "qk_norm": False, "norm_layer": "rmsnorm"}])
+def test_timm_format_builds_timms_model_with_the_same_logits_and_reads_back(cfg, tmp_path, capsys):
+    import timm
+    from safetensors.torch import load_file
+
+    from vit.model.pretrained import find_pretrained
+
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=2, num_classes=3, **cfg)
+    hp = dict(arch=model.cfg.to_dict(), class_names=["a", "b", "c"], mean=[0.1, 0.2, 0.3], std=[0.4, 0.5, 0.6])
+    sd = {f"model.{k}": v for k, v in model.state_dict().items()}
+    torch.save({"state_dict": sd, "hyper_parameters": hp}, tmp_path / "m.ckpt")
+    out = tmp_path / "timm"
+    assert main(["--ckpt", str(tmp_path / "m.ckpt"), "--format", "timm", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    theirs = timm.models.VisionTransformer(**config["model_args"]).eval()  # what a timm user writes
+    theirs.load_state_dict(load_file(out / "model.safetensors"))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x), model.eval()(x), atol=1e-5, rtol=0)
+    data = timm.data.resolve_data_config(pretrained_cfg=config["pretrained_cfg"])
+    assert tuple(data["mean"]) == (0.1, 0.2, 0.3) and tuple(data["input_size"]) == (3, 32, 32)
+    assert config["label_names"] == ["a", "b", "c"]
+    weights = find_pretrained(out)  # and back: the folder is weights to start from
+    assert weights.arch["num_heads"] == 2 and weights.mean == (0.1, 0.2, 0.3)
+    gqa = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=1, num_heads=2, num_kv_heads=1)
+    torch.save(
+        {"state_dict": {f"model.{k}": v for k, v in gqa.state_dict().items()},
+         "hyper_parameters": {"arch": gqa.cfg.to_dict(), "mean": [0.5] * 3, "std": [0.5] * 3}},
+        tmp_path / "gqa.ckpt",
+    )  # fmt: skip
+    assert main(["--ckpt", str(tmp_path / "gqa.ckpt"), "--format", "timm", "--out", str(tmp_path / "g")]) == 2
+    assert "only the plain model converts" in capsys.readouterr().err and not (tmp_path / "g").exists()

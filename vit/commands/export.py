@@ -1,11 +1,15 @@
-"""`vit-export`: a trained model as ONNX or TorchScript, batch dimension dynamic, with its preprocessing beside it.
+"""`vit-export`: a trained model as ONNX or TorchScript, batch dimension dynamic, with its preprocessing beside it;
+or as timm weights.
 
     vit-export --ckpt checkpoints/digits/version_0/last.ckpt --format onnx --out vit.onnx
+    vit-export --ckpt checkpoints/digits/version_0/last.ckpt --format timm --out vit_timm/
 
 The graph holds the model alone: input `images` (B, in_chans, img_size, img_size) float32, already preprocessed;
 output `logits` (B, num_classes). `<out>.json` beside it holds img_size, in_chans, mean, std, class_names and every
 preprocessing step from an image file to that input (vit.data.images.preprocess_spec): what another runtime needs to
-feed it and get vit-predict's answers.
+feed it and get vit-predict's answers. `--format timm` writes a folder in timm's Hugging Face layout:
+model.safetensors and a config.json whose model_args build `timm.models.VisionTransformer(**model_args)` with the
+same logits, and whose pretrained_cfg holds the mean, std and input size.
 """
 
 import argparse
@@ -13,8 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-from vit.deployment.export import export, sidecar
+from vit.deployment.export import export, export_timm, sidecar
 from vit.model.checkpoint import load_model_or_report
+from vit.model.interop import InteropError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vit-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--ckpt", "--ckpt_path", dest="ckpt", required=True)
-    ap.add_argument("--format", choices=("onnx", "torchscript"), required=True)
+    ap.add_argument("--format", choices=("onnx", "torchscript", "timm"), required=True)
     ap.add_argument("--out", "--output", dest="out", required=True)
     ap.add_argument("--opset", type=int, default=18, help="ONNX opset (>= 14 for attention; default 18)")
     return ap
@@ -35,6 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         return 2
     model, hp = loaded
+    if args.format == "timm":
+        try:
+            out = export_timm(model, hp, args.out)
+        except InteropError as e:
+            print(f"error: {args.ckpt}: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {out}/model.safetensors and {out}/config.json")
+        return 0
     out = export(model, args.format, args.out, hp["img_size"], hp["in_chans"], args.opset)
     Path(f"{out}.json").write_text(json.dumps(sidecar(hp), indent=2) + "\n")
     print(f"wrote {out} and {out}.json")

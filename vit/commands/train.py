@@ -39,6 +39,7 @@ from vit.evaluation.after_fit import adjust_after_fit, calibrate_after_fit
 from vit.evaluation.map_callback import AttentionMapCallback
 from vit.model.checkpoint import CheckpointError, load_checkpoint
 from vit.planning.estimate import RunEstimate
+from vit.planning.fine_tune import apply_weights
 from vit.planning.planned_run import FitBudget, apply_plan, explicit_keys, is_explicit, plan_yaml
 from vit.training.callbacks import DataRecord, plain_data_config
 from vit.training.checkpoint_io import AtomicCheckpointIO
@@ -136,8 +137,12 @@ class ViTCLI(LightningCLI):
         share_memory_budget(self.config[self.subcommand] if self.subcommand else self.config)
         # Planning happens before anything is built: the folder is then decoded once, at the planned size.
         if self.subcommand == "fit":
+            fit = self.config.fit
+            if fit.get("ckpt_path") and fit.model.get("init_from"):
+                fit.model.init_from = None  # the checkpoint holds the weights; the file may have moved since
             try:
-                self._plan = apply_plan(self.config.fit, self._argv)
+                self._plan = apply_plan(fit, self._argv)
+                apply_weights(fit, self._argv)  # after the plan: the weights' architecture wins over the plan's
             except ValueError as e:
                 sys.exit(f"error: {e}")
 

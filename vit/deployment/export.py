@@ -1,16 +1,19 @@
-"""Export a model to ONNX or TorchScript, batch dimension dynamic, and describe how to feed it.
+"""Export a model to ONNX or TorchScript, batch dimension dynamic, and describe how to feed it; or back to timm.
 
     export(model, "onnx", "vit.onnx", img_size=32)     # the graph: (B, C, S, S) float32 -> (B, num_classes) logits
     sidecar(hparams)                                  # img_size, mean, std, class_names, the preprocessing steps
+    export_timm(model, hparams, "vit_timm/")          # model.safetensors + config.json, timm's Hugging Face layout
 
 The command is vit/commands/export.py (`vit-export`).
 """
 
+import json
 from pathlib import Path
 
 import torch
 
 from vit.data.images import preprocess_spec
+from vit.model.interop import timm_args, to_timm
 
 
 def export(
@@ -62,3 +65,34 @@ def sidecar(hparams: dict) -> dict:
         # calibrated probabilities, as vit-predict serves them: softmax(logits / temperature) (1.0: not calibrated)
         "temperature": hparams.get("temperature", 1.0),
     }
+
+
+def export_timm(model: torch.nn.Module, hparams: dict, out: str | Path) -> Path:
+    """A folder in timm's Hugging Face layout: `model.safetensors` (timm's keys) and `config.json`, whose
+    `model_args` rebuild the model (`timm.models.VisionTransformer(**model_args)`) and whose `pretrained_cfg` holds
+    the preprocessing (`timm.data.resolve_data_config` reads it). `--model.init_from FOLDER` reads it back."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    args = timm_args(model)  # refuses variants that timm does not have, before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.contiguous() for k, v in to_timm(model).state_dict().items()}
+    save_file(sd, out / "model.safetensors")
+    config = {
+        "architecture": "vit_from_vit_toolkit",  # no timm registry name fits a custom size: build from model_args
+        "num_classes": args["num_classes"],
+        "num_features": args["embed_dim"],
+        "global_pool": args["global_pool"],
+        "model_args": args,
+        "label_names": hparams.get("class_names"),
+        "pretrained_cfg": {
+            "input_size": [args["in_chans"], args["img_size"], args["img_size"]],
+            "interpolation": "bilinear",
+            "crop_pct": 1.0,  # shorter side resized to img_size, then a centre crop of img_size
+            "mean": list(hparams["mean"]),
+            "std": list(hparams["std"]),
+            "num_classes": args["num_classes"],
+        },
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out

@@ -1,6 +1,7 @@
 """timm interoperability: our VisionTransformer from timm's weights, and back, with the same logits.
 
-    model = from_timm("vit_small_patch16_224.safetensors", num_classes=10)   # a file, a state dict or a timm model
+    model = from_timm("vit_small_patch16_224.safetensors", num_classes=10)   # a file, a timm name, a state dict or
+                                                                             # a timm model
     model = from_timm(timm_model, img_size=384)                              # position embeddings resampled
     timm_model = to_timm(model)                                              # and back: same logits
 
@@ -9,11 +10,10 @@ Our module names are timm's, so most tensors copy one to one. What differs:
   before the blocks, so we fold it into our `cls_token`: cls + pos_embed[:, 0] gives the same activations.
 - Our average-pooling model has no class token; a timm model with both a class token and average pooling has no
   counterpart here and is refused with a clear error.
-A state dict alone does not say how many heads it has: `num_heads` defaults to embed_dim / 64 (every timm ViT from
-tiny to huge), unless qk_norm weights give the head size away.
+A state dict alone does not say how many heads it has (ViT-H/14 has 16 heads of 80, not 20 of 64): pass `num_heads`
+unless the qk_norm weights give the head size away; `vit.model.pretrained` also reads timm's config.json and registry.
 """
 
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -22,8 +22,6 @@ from timm.layers import Mlp, resample_abs_pos_embed, resample_patch_embed
 
 from vit.model.config import ViTConfig
 from vit.model.vision_transformer import VisionTransformer
-
-HUB_PREFIXES = ("hf-hub:", "hf_hub:", "timm/")
 
 
 class InteropError(ValueError):
@@ -38,12 +36,6 @@ def load_state_dict(source: str | Path | dict) -> dict[str, torch.Tensor]:
         text = str(source)
         path = Path(text)
         if not path.exists():
-            if text.startswith(HUB_PREFIXES) or (text.count("/") == 1 and not text.startswith((".", "/"))):
-                name = text.split(":", 1)[-1]
-                raise InteropError(
-                    f"{text}: a hub name, and this toolkit never downloads: fetch the weights file yourself (e.g. "
-                    f"model.safetensors of https://huggingface.co/{name}) and pass its path"
-                )
             raise InteropError(f"{text}: no such weights file")
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -79,9 +71,11 @@ def config_from_state_dict(sd: dict[str, torch.Tensor], num_heads: int | None = 
         raise InteropError(
             "a class token with average pooling has no counterpart here (our avg model has no class token)"
         )
-    if num_heads is None:
-        q_norm = sd.get("blocks.0.attn.q_norm.weight")
-        num_heads = embed_dim // (q_norm.shape[0] if q_norm is not None else 64)
+    q_norm = sd.get("blocks.0.attn.q_norm.weight")
+    if num_heads is None and q_norm is not None:
+        num_heads = embed_dim // q_norm.shape[0]
+    if num_heads is None:  # every shape would match with any divisor of embed_dim, and the logits would not
+        raise InteropError("the weights do not say how many attention heads they have (no qk_norm): pass num_heads")
     n_pos = sd["pos_embed"].shape[1]
     if has_cls and round(n_pos**0.5) ** 2 != n_pos:  # timm's default layout: one position for the class token
         n_pos -= 1
@@ -139,8 +133,14 @@ def from_timm(
     if isinstance(source, nn.Module):
         num_heads = num_heads or source.blocks[0].attn.num_heads
         source = source.state_dict()
-    sd = load_state_dict(source)
-    cfg = config_from_state_dict(sd, num_heads)
+    if isinstance(source, dict):
+        sd = load_state_dict(source)
+        cfg = config_from_state_dict(sd, num_heads)
+    else:  # a file or a timm name: its config.json or timm's registry knows the head count
+        from vit.model.pretrained import find_pretrained  # (pretrained.py builds on this module)
+
+        weights = find_pretrained(source, num_heads)
+        sd, cfg = weights.state_dict, weights.arch
     sd = convert_from_timm(sd, cfg, img_size, patch_size)
     new_classes = cfg["num_classes"] if num_classes is None else num_classes
     if new_classes != cfg["num_classes"]:
@@ -163,45 +163,20 @@ def from_timm(
     return model
 
 
-def load_timm_weights(model: VisionTransformer, source) -> None:
-    """Load timm weights into a model built from a config of the same architecture, for fine-tuning: a new head
-    when the classes differ; position embeddings (and the patch kernel) resampled to the model's sizes."""
-    if model.cfg.stem != "patch":
-        raise InteropError(f"init_from={source}: timm's ViT weights have a patchify layer, this model stem='conv'")
-    sd = load_state_dict(source)
-    blk = model.blocks[0]
-    cfg = config_from_state_dict(sd, blk.attn.num_heads)
-    ours = dict(
-        embed_dim=model.embed_dim,
-        depth=len(model.blocks),
-        in_chans=model.patch_embed.in_chans,
-        global_pool=model.global_pool,
-        qk_norm=not isinstance(blk.attn.q_norm, nn.Identity),
-        qkv_bias=blk.attn.qkv.bias is not None,
-        fc_norm=not isinstance(model.fc_norm, nn.Identity),
-        mlp_ratio=blk.mlp.fc1.out_features / model.embed_dim,
-    )
-    diffs = [f"{k} {cfg[k]} in the weights, {v} in the config" for k, v in ours.items() if cfg[k] != v]
-    if diffs:
-        raise InteropError(f"init_from={source}: the model's architecture differs: {'; '.join(diffs)}")
-    patch = model.patch_embed.patch_size
-    sd = convert_from_timm(sd, cfg, img_size=model.grid_size[0] * patch, patch_size=patch)
-    if cfg["num_classes"] != model.num_classes:
-        sd.pop("head.weight", None), sd.pop("head.bias", None)
-    if model.pos_embed_type != "learned":
-        sd.pop("pos_embed")  # fixed sincos: nothing to load
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if set(missing) - {"head.weight", "head.bias"} or unexpected:
-        raise InteropError(
-            f"init_from={source}: weights do not fit: missing {sorted(missing)[:5]}, unexpected "
-            f"{sorted(unexpected)[:5]}"
-        )
-
-
 def to_timm(model: VisionTransformer):
     """A timm VisionTransformer with our model's weights and the same logits (pos_embed learned, patches only)."""
     import timm
 
+    out = timm.models.VisionTransformer(**timm_args(model))
+    sd = model.state_dict()
+    sd["pos_embed"] = model.pos_embed.detach().clone()  # sincos2d is a buffer, not in the state dict
+    out.load_state_dict(sd, strict=True)
+    return out.eval()
+
+
+def timm_args(model: VisionTransformer) -> dict:
+    """The keyword arguments of timm's VisionTransformer that build our model (plain JSON: they go into the
+    config.json of `vit-export --format timm`). Raises InteropError for a variant timm does not have."""
     blk = model.blocks[0]
     if (
         blk.attn.num_kv_heads != blk.attn.num_heads
@@ -211,14 +186,13 @@ def to_timm(model: VisionTransformer):
         or model.use_rope
         or blk.attn.kv_latent_dim
         or model.cfg.stem != "patch"
+        or model.cfg.lsa
     ):
         raise InteropError(
             "timm's VisionTransformer has no grouped-query or latent attention, attention patterns, Post-Norm, "
-            "RoPE, SwiGLU, MoE or convolutional stem here: only the plain model converts"
+            "RoPE, SwiGLU, MoE, convolutional or shifted-patch stem, or LSA here: only the plain model converts"
         )
-    norm = blk.norm1
-    norm_layer = nn.RMSNorm if isinstance(norm, nn.RMSNorm) else nn.LayerNorm
-    out = timm.models.VisionTransformer(
+    return dict(
         img_size=model.grid_size[0] * model.patch_embed.patch_size,
         patch_size=model.patch_embed.patch_size,
         in_chans=model.patch_embed.in_chans,
@@ -234,9 +208,6 @@ def to_timm(model: VisionTransformer):
         class_token=model.cls_token is not None,
         no_embed_class=True,  # our position embedding covers the patches only
         fc_norm=not isinstance(model.fc_norm, nn.Identity),
-        norm_layer=partial(norm_layer, eps=norm.eps),
+        # timm's LayerNorm and RmsNorm, eps 1e-6 both, as ours (vit/model/layers.py)
+        norm_layer="rmsnorm" if isinstance(blk.norm1, nn.RMSNorm) else "layernorm",
     )
-    sd = model.state_dict()
-    sd["pos_embed"] = model.pos_embed.detach().clone()  # sincos2d is a buffer, not in the state dict
-    out.load_state_dict(sd, strict=True)
-    return out.eval()

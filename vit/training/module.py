@@ -20,8 +20,8 @@ from torch.nn.utils import clip_grad_value_, clip_grads_with_norm_, get_total_no
 
 from vit.data.device import IGNORE
 from vit.model.config import ViTConfig
-from vit.model.interop import load_timm_weights
 from vit.model.moe import MoEMlp
+from vit.model.pretrained import find_pretrained, load_pretrained
 from vit.model.vision_transformer import VisionTransformer
 from vit.training.metrics import ConfusionCounts, TopKAccuracy
 from vit.training.nonfinite import NonFiniteGuard, supports_found_inf
@@ -41,9 +41,11 @@ class ViTClassifier(L.LightningModule):
             `lr * min_lr_ratio`, stepped every batch.
         weight_decay: AdamW decay, not applied to norms, biases, position embeddings and the class token.
         mixup_alpha, cutmix_alpha: timm's Mixup/CutMix on the batch (0 = off); `mixup_prob` per batch.
-        init_from: a timm ViT weights file (.safetensors / .pth) to start from; the head is new when the classes
-            differ, and the position embeddings are resampled to img_size. The config must name the same
-            architecture (embed_dim, depth, num_heads, patch_size, global_pool, ...).
+        init_from: weights to start from (vit/model/pretrained.py): a timm name found in the Hugging Face cache, a
+            timm ViT weights file (.safetensors / .pth / .bin, timm's config.json beside it read when there) or a
+            checkpoint of this toolkit. The head is new when the classes differ, the position embeddings are
+            resampled to img_size, the first layer adapted to the channels. `arch` must match the weights
+            (`vit-train fit` fills it from them). Saved checkpoints hold the weights, not this name.
         layer_decay: layer-wise learning-rate decay (BEiT): block i of L gets lr * layer_decay ** (L + 1 - i).
         freeze_backbone_epochs: train only the head (and fc_norm) for this many epochs first.
         arch: the architecture (`vit.model.ViTConfig`; a dict of its fields also works): `model.arch` in YAML.
@@ -135,8 +137,8 @@ class ViTClassifier(L.LightningModule):
         self.model = VisionTransformer(arch)
         self._moe_layers = [m for m in self.model.modules() if isinstance(m, MoEMlp)]  # a list: not re-registered
         self._expert_counts = torch.zeros(len(self._moe_layers), arch.moe_experts, dtype=torch.long)
-        if init_from:
-            load_timm_weights(self.model, init_from)
+        if init_from:  # the checkpoint keeps the weights: on_save_checkpoint forgets the file (see there)
+            load_pretrained(self.model, find_pretrained(init_from, arch.num_heads))
         self.mixup = None
         if mixup_alpha > 0 or cutmix_alpha > 0:
             self.mixup = Mixup(
@@ -288,6 +290,11 @@ class ViTClassifier(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self._check_nonfinite()  # before anything is written: no checkpoint holds a step the record flags
+        hp = checkpoint.get("hyper_parameters")
+        if isinstance(hp, dict) and hp.get("init_from"):
+            # The weights are in the state dict: reloading must not read the original file (it may have moved).
+            checkpoint["hyper_parameters"] = {**hp, "init_from": None}
+            checkpoint["init_from"] = str(hp["init_from"])  # where they came from, for the record
         # RNG states as plain data (tensors, lists, ints): resuming continues the exact random stream (dropout,
         # drop-path, Mixup) and the file still loads with weights_only=True.
         kind, keys, pos, has_gauss, cached = np.random.get_state()

@@ -1,0 +1,57 @@
+"""`vit-train fit --model.init_from WEIGHTS` on a folder: the architecture, resolution and normalisation come from the
+weights (vit/planning/fine_tune.py), and a field you set that they contradict is one line."""
+
+import json
+
+import pytest
+import timm
+from safetensors.torch import save_file
+
+import train
+from bench.digits_folder import write_digits_folder
+from vit.model.checkpoint import load_checkpoint
+
+
+@pytest.fixture(scope="module")
+def digits_folder(tmp_path_factory):
+    return write_digits_folder(tmp_path_factory.mktemp("digits"), limit=200, val_size=40)
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """A timm ViT (2 heads of 48, class token) in timm's Hugging Face layout: model.safetensors and config.json."""
+    folder = tmp_path_factory.mktemp("weights")
+    src = timm.models.VisionTransformer(img_size=32, patch_size=8, embed_dim=96, depth=2, num_heads=2)
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, folder / "model.safetensors")
+    cfg = {"mean": [0.4, 0.45, 0.5], "std": [0.2, 0.25, 0.3]}
+    (folder / "config.json").write_text(json.dumps({"architecture": "vit_mine", "model_args": {"num_heads": 2},
+                                                    "pretrained_cfg": cfg}))  # fmt: skip
+    return folder / "model.safetensors", src
+
+
+FLAGS = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+FLAGS += ["--trainer.enable_progress_bar", "false", "--attention_maps.num_images", "2"]
+
+
+def test_a_folder_fine_tunes_the_weights_model_without_spelling_it(digits_folder, weights, in_tmp):
+    path, src = weights
+    cli = train.main(["fit", "--data.root", str(digits_folder), "--model.init_from", str(path), *FLAGS])
+    arch = cli.model.hparams.arch
+    assert (arch["embed_dim"], arch["depth"], arch["num_heads"], arch["patch_size"]) == (96, 2, 2, 8)
+    assert arch["global_pool"] == "token" and arch["qk_norm"] is False and arch["stem"] == "patch"
+    assert arch["img_size"] == 32 and cli.datamodule.img_size == 32  # the weights' own resolution
+    assert cli.datamodule.mean == (0.4, 0.45, 0.5) and cli.model.hparams.mean == [0.4, 0.45, 0.5]
+    assert cli.model.model.head.out_features == 10
+    ckpt = load_checkpoint(next(in_tmp.glob("checkpoints/*/version_0/last.ckpt")))
+    assert ckpt["hyper_parameters"]["init_from"] is None  # the checkpoint stands alone
+
+
+def test_a_field_that_contradicts_the_weights_is_one_line(digits_folder, weights, in_tmp):
+    path, _ = weights
+    args = ["fit", "--data.root", str(digits_folder), "--model.init_from", str(path), *FLAGS]
+    with pytest.raises(SystemExit, match=r"^error: --model.arch.embed_dim 64 contradicts the weights' 96 \(init"):
+        train.main([*args, "--model.arch.embed_dim", "64"])
+    with pytest.raises(SystemExit, match=r"^error: init_from=.*: the weights have 2 attention heads, the config"):
+        train.main([*args, "--model.arch.num_heads", "4"])
+    with pytest.raises(SystemExit, match=r"^error: init_from=nowhere.safetensors: no such weights file"):
+        train.main(["fit", "--data.root", str(digits_folder), "--model.init_from", "nowhere.safetensors", *FLAGS])

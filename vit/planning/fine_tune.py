@@ -1,0 +1,78 @@
+"""`--model.init_from`: the architecture and the normalisation come from the weights, not from the config.
+
+A timm user names weights (`--model.init_from vit_small_patch16_224.augreg_in21k_ft_in1k`, a file, or a checkpoint of
+this toolkit) and expects the model they hold: `apply_weights` reads them (vit/model/pretrained.py) and writes into
+the `fit` config, after the plan and wherever you did not set the key yourself:
+- every architecture field the weights fix (width, depth, heads, MLP ratio, biases, qk_norm, pooling, LayerScale, the
+  patch size), and for timm weights the plain ViT they come from (patchify stem, learned position embedding, Pre-Norm,
+  LayerNorm, a dense GELU MLP, global attention);
+- the weights' own resolution and their mean and std, for a DataModule that takes them (your own folder does), as
+  timm's train.py does: pretrained features expect the inputs they were trained on (0.5 / 0.5 for the augreg ViTs,
+  ImageNet's for others).
+A field you set that the weights contradict stops the run with one line naming both values. Image size, channels
+and classes come from the data (position embeddings resampled, first layer adapted, a new head); a patch size you
+set is resampled (FlexiViT). The plan's other choices (epochs, learning rate, augmentation) stay: a fine-tune is not
+planned yet (issue 41), and FitBudget still keeps a budgeted run inside its budget by timing the first epochs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lightning.pytorch.utilities import rank_zero_info
+
+from vit.model.pretrained import FREE, Pretrained, find_pretrained
+from vit.planning.planned_run import explicit_keys, is_explicit
+
+# What timm's VisionTransformer is, in our fields: set with timm weights unless you set them.
+TIMM_PLAIN = dict(
+    stem="patch",
+    pos_embed="learned",
+    norm_layer="layernorm",
+    norm_position="pre",
+    mlp_layer="mlp",
+    moe_experts=0,
+    attn_pattern="global",
+    rope=False,
+    num_kv_heads=None,
+    kv_latent_dim=None,
+)
+LINKED_FROM_DATA = ("img_size", "in_chans", "num_classes")
+
+
+def apply_weights(config, argv: Sequence[str]) -> Pretrained | None:
+    """Fill `config` (jsonargparse Namespace of `fit`) from `model.init_from`; None without it. Raises ValueError
+    (InteropError, CheckpointError) with one line."""
+    source = config.model.get("init_from")
+    if not source:
+        return None
+    explicit = explicit_keys(argv, [str(p) for p in (config.get("config") or [])])
+    heads = config.model.arch.num_heads if is_explicit("model.arch.num_heads", explicit) else None
+    weights = find_pretrained(source, heads)
+    wanted = {k: v for k, v in weights.arch.items() if k not in (FREE if weights.toolkit else LINKED_FROM_DATA)}
+    if weights.toolkit:
+        wanted["patch_size"] = weights.arch["patch_size"]
+    else:
+        wanted = {**TIMM_PLAIN, **wanted}
+    for field, value in wanted.items():
+        key = f"model.arch.{field}"
+        if not is_explicit(key, explicit):
+            config[key] = value
+        elif field == "patch_size" and not weights.toolkit:
+            continue  # resampled (FlexiViT)
+        elif config.get(key) != value and field not in TIMM_PLAIN:
+            raise ValueError(f"--{key} {config.get(key)} contradicts the weights' {value} (init_from={source})")
+    said = []
+    init_args = config.data.get("init_args") or {}
+    if "img_size" in init_args and not is_explicit("data.init_args.img_size", explicit):
+        config.data.init_args.img_size = weights.arch["img_size"]  # the weights' own resolution, as timm's train.py
+        said.append(f"{weights.arch['img_size']} px")
+    if weights.mean and "mean" in init_args and not is_explicit("data.init_args.mean", explicit):
+        config.data.init_args.mean, config.data.init_args.std = tuple(weights.mean), tuple(weights.std)
+        said.append(f"mean {list(weights.mean)}, std {list(weights.std)}")
+    a = weights.arch
+    rank_zero_info(
+        f"init_from {source} ({weights.path}): {a['embed_dim']} wide x {a['depth']} blocks, {a['num_heads']} heads, "
+        f"patch {config.model.arch.patch_size}, {a['global_pool']} pooling" + "".join(f", {s}" for s in said)
+    )
+    return weights
