@@ -2,6 +2,7 @@
 weights (vit/planning/fine_tune.py), and a field you set that they contradict is one line."""
 
 import json
+import shutil
 
 import pytest
 import timm
@@ -34,7 +35,10 @@ FLAGS += ["--trainer.enable_progress_bar", "false", "--attention_maps.num_images
 
 
 def test_a_folder_fine_tunes_the_weights_model_without_spelling_it(digits_folder, weights, in_tmp):
-    path, src = weights
+    path = in_tmp / "w" / "model.safetensors"  # a copy that this test deletes
+    path.parent.mkdir()
+    for f in ("model.safetensors", "config.json"):
+        shutil.copy(weights[0].parent / f, path.parent / f)
     cli = train.main(["fit", "--data.root", str(digits_folder), "--model.init_from", str(path), *FLAGS])
     arch = cli.model.hparams.arch
     assert (arch["embed_dim"], arch["depth"], arch["num_heads"], arch["patch_size"]) == (96, 2, 2, 8)
@@ -42,8 +46,14 @@ def test_a_folder_fine_tunes_the_weights_model_without_spelling_it(digits_folder
     assert arch["img_size"] == 32 and cli.datamodule.img_size == 32  # the weights' own resolution
     assert cli.datamodule.mean == (0.4, 0.45, 0.5) and cli.model.hparams.mean == [0.4, 0.45, 0.5]
     assert cli.model.model.head.out_features == 10
-    ckpt = load_checkpoint(next(in_tmp.glob("checkpoints/*/version_0/last.ckpt")))
-    assert ckpt["hyper_parameters"]["init_from"] is None  # the checkpoint stands alone
+    last = next(in_tmp.glob("checkpoints/*/version_0/last.ckpt"))
+    assert load_checkpoint(last)["hyper_parameters"]["init_from"] is None  # the checkpoint stands alone
+    shutil.rmtree(path.parent)  # and resumes from its plan.yaml (which names the weights) without the weights file
+    plan = next(in_tmp.glob("logs/*/version_0/plan.yaml"))
+    assert str(path) in plan.read_text()
+    flags = [*FLAGS[2:], "--trainer.max_epochs", "2", "--ckpt_path", str(last)]
+    resumed = train.main(["fit", "--config", str(plan), *flags])
+    assert resumed.trainer.current_epoch == 2 and resumed.model.hparams.arch["num_heads"] == 2
 
 
 def test_a_field_that_contradicts_the_weights_is_one_line(digits_folder, weights, in_tmp):
