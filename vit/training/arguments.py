@@ -1,0 +1,43 @@
+"""The LightningModule's training arguments, checked when it is built: each bad value is one ValueError that names
+the field and the value (the architecture's own fields are checked by ViTConfig)."""
+
+from vit.model.config import ViTConfig
+
+
+def check_arguments(
+    arch: ViTConfig,
+    numbers: dict[str, float],
+    shares: dict[str, float],
+    ema_decay: float,
+    layer_decay: float | None,
+    freeze_backbone_epochs: int,
+    optimizer: str,
+    schedule: str,
+    resize_from: int,
+    class_names: list[str] | None,
+) -> None:
+    """ViTClassifier's arguments, checked at construction: a one-line ValueError naming the field and the value.
+    `numbers` must be >= 0, `shares` in [0, 1]."""
+    for name, value in numbers.items():
+        if value < 0:
+            raise ValueError(f"{name}={value} must be >= 0")
+    for name, value in shares.items():
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name}={value} must be in [0, 1]")
+    if not 0.0 <= ema_decay < 1.0:
+        raise ValueError(f"ema_decay={ema_decay} must be in [0, 1)")
+    if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
+        raise ValueError(f"layer_decay={layer_decay} must be in (0, 1]")
+    if freeze_backbone_epochs < 0:
+        raise ValueError(f"freeze_backbone_epochs={freeze_backbone_epochs} must be >= 0")
+    if optimizer not in ("adamw", "muon"):
+        raise ValueError(f"optimizer={optimizer!r} must be 'adamw' or 'muon'")
+    if schedule not in ("cosine", "wsd"):
+        raise ValueError(f"schedule={schedule!r} must be 'cosine' or 'wsd'")
+    if resize_from and (resize_from % arch.patch_size or not 0 < resize_from < arch.img_size):
+        raise ValueError(
+            f"resize_from={resize_from} must be a multiple of patch_size={arch.patch_size} below "
+            f"img_size={arch.img_size} (or 0: off)"
+        )
+    if class_names is not None and len(class_names) != arch.num_classes:
+        raise ValueError(f"class_names has {len(class_names)} names but num_classes={arch.num_classes}")
