@@ -14,107 +14,15 @@ A state dict alone does not say how many heads it has (ViT-H/14 has 16 heads of 
 unless the qk_norm weights give the head size away; `vit.model.pretrained` also reads timm's config.json and registry.
 """
 
-from pathlib import Path
-
-import torch
 import torch.nn as nn
-from timm.layers import Mlp, resample_abs_pos_embed, resample_patch_embed
+from timm.layers import Mlp
 
 from vit.model.config import ViTConfig
+from vit.model.pretrained import find_pretrained
+from vit.model.timm_state import InteropError, config_from_state_dict, convert_from_timm, load_state_dict
 from vit.model.vision_transformer import VisionTransformer
 
-
-class InteropError(ValueError):
-    """Weights that cannot be converted; the message names the file or the key."""
-
-
-def load_state_dict(source: str | Path | dict) -> dict[str, torch.Tensor]:
-    """A timm state dict from a dict, a `.safetensors` or a `.pth/.pt/.bin` file (read as data, no pickled code)."""
-    if isinstance(source, dict):
-        sd = source
-    else:
-        text = str(source)
-        path = Path(text)
-        if not path.exists():
-            raise InteropError(f"{text}: no such weights file")
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            sd = load_file(str(path))
-        else:
-            try:
-                sd = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as e:  # damaged or pickled objects: one line either way
-                raise InteropError(f"{path}: not a readable weights file ({str(e).strip().splitlines()[0]})") from None
-    for key in ("state_dict", "model", "state_dict_ema"):  # common wrappers
-        if isinstance(sd.get(key), dict):
-            sd = sd[key]
-            break
-    sd = {k.removeprefix("module."): v for k, v in sd.items()}
-    if "patch_embed.proj.weight" not in sd:
-        raise InteropError(
-            f"{source if not isinstance(source, dict) else 'state dict'}: not a timm ViT (no patch_embed.proj.weight)"
-        )
-    return sd
-
-
-def config_from_state_dict(sd: dict[str, torch.Tensor], num_heads: int | None = None) -> dict:
-    """The `ViTConfig` fields of a timm ViT state dict, as a dict (shapes tell all but the head count)."""
-    if any(k.startswith("reg_token") for k in sd) or "attn_pool.latent" in sd:
-        raise InteropError("register tokens and attention pooling have no counterpart in this model")
-    w = sd["patch_embed.proj.weight"]  # (D, C, p, p)
-    embed_dim, in_chans, patch = w.shape[0], w.shape[1], w.shape[-1]
-    depth = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks."))
-    has_cls = "cls_token" in sd
-    avg = "fc_norm.weight" in sd or not has_cls
-    if has_cls and avg:
-        raise InteropError(
-            "a class token with average pooling has no counterpart here (our avg model has no class token)"
-        )
-    q_norm = sd.get("blocks.0.attn.q_norm.weight")
-    if num_heads is None and q_norm is not None:
-        num_heads = embed_dim // q_norm.shape[0]
-    if num_heads is None:  # every shape would match with any divisor of embed_dim, and the logits would not
-        raise InteropError("the weights do not say how many attention heads they have (no qk_norm): pass num_heads")
-    n_pos = sd["pos_embed"].shape[1]
-    if has_cls and round(n_pos**0.5) ** 2 != n_pos:  # timm's default layout: one position for the class token
-        n_pos -= 1
-    grid = round(n_pos**0.5)
-    if grid * grid != n_pos:
-        raise InteropError(f"pos_embed of {sd['pos_embed'].shape[1]} tokens is not a square grid")
-    return dict(
-        img_size=grid * patch,
-        patch_size=patch,
-        in_chans=in_chans,
-        num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
-        embed_dim=embed_dim,
-        depth=depth,
-        num_heads=num_heads,
-        mlp_ratio=sd["blocks.0.mlp.fc1.weight"].shape[0] / embed_dim,
-        qkv_bias="blocks.0.attn.qkv.bias" in sd,
-        qk_norm="blocks.0.attn.q_norm.weight" in sd,
-        global_pool="avg" if avg else "token",
-        fc_norm="fc_norm.weight" in sd,
-        init_values=1e-5 if "blocks.0.ls1.gamma" in sd else None,  # the value is overwritten by the weights
-    )
-
-
-def convert_from_timm(
-    sd: dict[str, torch.Tensor], cfg: dict, img_size: int | None = None, patch_size: int | None = None
-) -> dict[str, torch.Tensor]:
-    """timm state dict -> ours: class-token position folded, optional resampling to a new image or patch size."""
-    sd = dict(sd)
-    old_grid = (cfg["img_size"] // cfg["patch_size"],) * 2
-    pe = sd.pop("pos_embed")
-    if "cls_token" in sd and pe.shape[1] == old_grid[0] * old_grid[1] + 1:  # timm's default: pos covers the cls
-        sd["cls_token"] = sd["cls_token"] + pe[:, :1]
-        pe = pe[:, 1:]
-    new_patch = patch_size or cfg["patch_size"]
-    if new_patch != cfg["patch_size"]:  # FlexiViT's pseudo-inverse resize of the patch kernel
-        sd["patch_embed.proj.weight"] = resample_patch_embed(sd["patch_embed.proj.weight"], [new_patch, new_patch])
-    new_grid = ((img_size or cfg["img_size"]) // new_patch,) * 2
-    sd["pos_embed"] = resample_abs_pos_embed(pe, list(new_grid), list(old_grid), num_prefix_tokens=0)
-    return sd
+__all__ = ["InteropError", "from_timm", "load_state_dict", "timm_args", "to_timm"]
 
 
 def from_timm(
@@ -137,8 +45,6 @@ def from_timm(
         sd = load_state_dict(source)
         cfg = config_from_state_dict(sd, num_heads)
     else:  # a file or a timm name: its config.json or timm's registry knows the head count
-        from vit.model.pretrained import find_pretrained  # (pretrained.py builds on this module)
-
         weights = find_pretrained(source, num_heads)
         sd, cfg = weights.state_dict, weights.arch
     sd = convert_from_timm(sd, cfg, img_size, patch_size)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from vit.model.checkpoint import CheckpointError, arch_from_hparams, load_checkpoint
-from vit.model.interop import InteropError, config_from_state_dict, convert_from_timm, load_state_dict
+from vit.model.timm_state import InteropError, config_from_state_dict, convert_from_timm, load_state_dict
 from vit.model.vision_transformer import VisionTransformer
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # what timm's Hugging Face repos hold, in timm's order
