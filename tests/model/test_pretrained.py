@@ -87,3 +87,27 @@ def test_grey_images_from_rgb_weights_and_a_new_size(tmp_path):
     wide = VisionTransformer(**{**arch, "embed_dim": 128, "num_heads": 2})
     with pytest.raises(InteropError, match="embed_dim 64 in the weights, 128 in the config"):
         load_pretrained(wide, weights)
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("vit_tiny_patch16_224", {}),
+        ("vit_small_patch16_224", {"class_token": False, "global_pool": "avg"}),
+        ("vit_base_patch16_224", {"qk_norm": True}),
+        ("vit_large_patch16_224", {"init_values": 1e-5}),
+        ("vit_huge_patch14_224", {}),
+    ],
+    ids=["Ti", "S-avg", "B-qknorm", "L-layerscale", "H-heads-of-80"],
+)
+def test_the_common_timm_vits_by_name_give_timms_logits(name, args, tmp_path):
+    """Ti/S/B/L/H shapes (one block each: the width and heads are what differ), read from timm's layout by their
+    registry name alone: the head count and the rest come from timm, the logits are timm's."""
+    args = {"depth": 1, "img_size": 28 if "14" in name else 32, **args}
+    src = timm.create_model(name, **args).eval()
+    path = _save(src, tmp_path / name, {"architecture": name, "model_args": {k: v for k, v in args.items()}})
+    model = from_timm(path).eval()
+    assert model.blocks[0].attn.num_heads == src.blocks[0].attn.num_heads
+    x = torch.randn(2, 3, args["img_size"], args["img_size"])
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), src(x), atol=1e-4, rtol=1e-4)
