@@ -7,8 +7,8 @@ the `fit` config, after the plan and wherever you did not set the key yourself:
   patch size), and for timm weights the plain ViT they come from (patchify stem, learned position embedding, Pre-Norm,
   LayerNorm, a dense GELU MLP, global attention);
 - the weights' own resolution and their mean and std, for a DataModule that takes them (your own folder does), as
-  timm's train.py does: pretrained features expect the inputs they were trained on (0.5 / 0.5 for the augreg ViTs,
-  ImageNet's for others).
+  timm's train.py does: pretrained features expect the inputs they were trained on (read from the weights' config,
+  or timm's registry).
 A field you set that the weights contradict stops the run with one line naming both values. Image size, channels
 and classes come from the data (position embeddings resampled, first layer adapted, a new head); a patch size you
 set is resampled (FlexiViT). The plan's other choices (epochs, learning rate, augmentation) stay: a fine-tune is not
