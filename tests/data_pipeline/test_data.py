@@ -36,6 +36,16 @@ def test_cifar10_loads_torchvision_on_disk_format(tiny_cifar):
     assert xb.shape == (4, 3, 32, 32) and xb.dtype == torch.float32 and yb.shape == (4,)
 
 
+def test_cifar_takes_pretrained_weights_normalisation(tiny_cifar):
+    root, data = tiny_cifar
+    dm = CIFARDataModule("cifar10", root=str(root), download=False, num_workers=0, mean=(0.5,) * 3, std=(0.5,) * 3)
+    dm.prepare_data()
+    dm.setup("fit")
+    x, _ = dm.val_set[0]
+    raw = torch.from_numpy(data["test_batch"][0][0]).reshape(3, 32, 32).float() / 255
+    torch.testing.assert_close(x, (raw - 0.5) / 0.5)
+
+
 def test_cifar10_extracts_an_archive_put_in_root_without_network(tiny_cifar):
     root, _ = tiny_cifar
     import shutil

@@ -27,6 +27,18 @@ def test_mnist_by_name_trains_as_one_channel_with_its_own_statistics(tmp_path):
     assert rgb.in_chans == 3 and rgb.memory["val"][0].shape == (10, 3, 32, 32)
 
 
+def test_pretrained_weights_normalisation_replaces_the_measured_one_and_fits_grey_images(tmp_path):
+    write_mnist(tmp_path)
+    rgb_stats = dict(mean=(0.4, 0.5, 0.6), std=(0.3,) * 3)
+    grey = TorchvisionDataModule("torch/mnist", root=str(tmp_path), download=False, **rgb_stats)
+    assert grey.in_chans == 1 and grey.mean == pytest.approx((0.5,)) and grey.std == pytest.approx((0.3,))
+    assert not (tmp_path / "mnist_stats.json").exists()  # given, so not measured
+    rgb = TorchvisionDataModule("torch/mnist", root=str(tmp_path), download=False, to_rgb=True, mean=(0.5,), std=(0.5,))
+    assert rgb.mean == (0.5, 0.5, 0.5) and rgb.std == (0.5, 0.5, 0.5)
+    with pytest.raises(ValueError, match=r"^mean=\[0.1, 0.2\]: 2 values for 1-channel images$"):
+        TorchvisionDataModule("torch/mnist", root=str(tmp_path), download=False, mean=(0.1, 0.2), std=(0.3, 0.3))
+
+
 def test_kmnist_is_the_same_format_under_its_own_folder(tmp_path):
     write_mnist(tmp_path, "KMNIST")
     dm = TorchvisionDataModule("torch/kmnist", root=str(tmp_path), download=False)

@@ -144,3 +144,25 @@ def channel_mean_std(x: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, 
     mean = total / n
     var = (squares - n * mean.square()) / max(1, n - 1)
     return mean.float(), var.clamp(min=0).sqrt().float().clamp(min=1e-3)  # a constant channel must not divide by 0
+
+
+def given_mean_std(
+    mean: tuple[float, ...] | None, std: tuple[float, ...] | None, in_chans: int, own: tuple[tuple, tuple]
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The normalisation a DataModule was given (pretrained weights' own: vit/planning/fine_tune.py), fitted to its
+    channels, or `own` (the data's) where none was given. Grey images from RGB statistics take their average: timm's
+    adapt_input_conv sums the RGB kernels, so a grey image stands for three equal channels."""
+    if mean is None or std is None:
+        return own
+    fitted = []
+    for name, values in (("mean", mean), ("std", std)):
+        values = tuple(float(v) for v in values)
+        if len(values) == in_chans:
+            fitted.append(values)
+        elif len(values) == 3 and in_chans == 1:
+            fitted.append((sum(values) / 3,))
+        elif len(values) == 1:
+            fitted.append(values * in_chans)
+        else:
+            raise ValueError(f"{name}={list(values)}: {len(values)} values for {in_chans}-channel images")
+    return fitted[0], fitted[1]

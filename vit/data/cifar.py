@@ -10,7 +10,7 @@ import torch
 from torchvision import datasets
 from torchvision.transforms import v2
 
-from vit.data.base import ImageClassificationData
+from vit.data.base import ImageClassificationData, given_mean_std
 from vit.data.files import cifar_problem
 from vit.data.transforms import (
     AutoAugment,
@@ -66,7 +66,8 @@ def open_cifar(dataset: str, root: str, train: bool, transform=None, download: b
 class CIFARDataModule(ImageClassificationData):
     """CIFAR-10 or CIFAR-100 through torchvision, in `root` (downloaded there when the network allows). The official
     test set serves as validation. Training crops are padded crops (`crop_padding`), or with `crop_scale`
-    RandomResizedCrop of that share of the area (what a planned recipe sets)."""
+    RandomResizedCrop of that share of the area (what a planned recipe sets). `mean`, `std`: the normalisation (None:
+    CIFAR's published one; pretrained weights' own, set by `--model.init_from`)."""
 
     def __init__(
         self,
@@ -84,6 +85,8 @@ class CIFARDataModule(ImageClassificationData):
         eval_batch_size: int | None = None,
         crop_scale: tuple[float, float] | None = None,
         rot90: bool = False,
+        mean: tuple[float, ...] | None = None,
+        std: tuple[float, ...] | None = None,
     ):
         super().__init__(batch_size, num_workers, in_memory, eval_batch_size)
         crop_scale = check_crop_scale(crop_scale)
@@ -97,7 +100,8 @@ class CIFARDataModule(ImageClassificationData):
         self.class_names = list(CIFAR10_CLASSES if dataset == "cifar10" else CIFAR100_CLASSES)
         # img_size other than 32: the 32 px images are upsampled after augmentation (fine-tuning at 224 px)
         self.num_classes, self.img_size, self.in_chans = len(self.class_names), img_size, 3
-        self.mean, self.std = (CIFAR10_MEAN, CIFAR10_STD) if dataset == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
+        published = (CIFAR10_MEAN, CIFAR10_STD) if dataset == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
+        self.mean, self.std = given_mean_std(mean, std, 3, published)
         self.train_tf = train_transform(
             32,
             self.mean,

@@ -12,7 +12,7 @@ from torchvision import datasets
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 from torchvision.transforms import v2
 
-from vit.data.base import ImageClassificationData, TensorImageDataset, channel_mean_std
+from vit.data.base import ImageClassificationData, TensorImageDataset, channel_mean_std, given_mean_std
 from vit.data.files import split_folders
 from vit.data.images import describe, eval_geometry, load_image, read_image
 from vit.data.transforms import (
@@ -97,8 +97,8 @@ class ImageFolderDataModule(ImageClassificationData):
         auto_augment: AutoAugment = "none",
         random_erasing: float = 0.0,
         crop_scale: tuple[float, float] = (0.35, 1.0),
-        mean: tuple[float, float, float] | None = None,
-        std: tuple[float, float, float] | None = None,
+        mean: tuple[float, ...] | None = None,
+        std: tuple[float, ...] | None = None,
         check_images: bool = True,
         strict: bool = False,
         in_memory: bool | None = None,
@@ -130,7 +130,7 @@ class ImageFolderDataModule(ImageClassificationData):
         if mean is None or std is None:
             measured = self._measure_mean_std()
             mean, std = mean or measured[0], std or measured[1]
-        self.mean, self.std = tuple(mean), tuple(std)
+        self.mean, self.std = given_mean_std(mean, std, self.in_chans, own=None)  # one value or three
         self.train_tf = train_transform(
             img_size,
             self.mean,

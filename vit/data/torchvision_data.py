@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torchvision import datasets
 from torchvision.transforms import v2
 
-from vit.data.base import ImageClassificationData, TensorImageDataset, channel_mean_std
+from vit.data.base import ImageClassificationData, TensorImageDataset, channel_mean_std, given_mean_std
 from vit.data.cifar import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD
 from vit.data.files import TRAIN_DIRS, VAL_DIRS, first_idx_problem
 from vit.data.folder import decode_images
@@ -137,6 +137,8 @@ class TorchvisionDataModule(ImageClassificationData):
         crop_padding, hflip, auto_augment, random_erasing: training augmentation (hflip off by default: digits and
             text are not mirror-symmetric); rot90: random quarter turns (square images).
         crop_scale: RandomResizedCrop of this share of the area instead of the padded crop (a planned recipe's).
+        mean, std: the normalisation; None: the dataset's (published, or measured once). `--model.init_from` sets the
+            weights' own.
     """
 
     def __init__(
@@ -155,6 +157,8 @@ class TorchvisionDataModule(ImageClassificationData):
         random_erasing: float = 0.0,
         crop_scale: tuple[float, float] | None = None,
         rot90: bool = False,
+        mean: tuple[float, ...] | None = None,
+        std: tuple[float, ...] | None = None,
     ):
         super().__init__(batch_size, num_workers=0, in_memory=True, eval_batch_size=eval_batch_size)
         self.rrc_scale = check_crop_scale(crop_scale)
@@ -174,7 +178,8 @@ class TorchvisionDataModule(ImageClassificationData):
         # ImageNet's classes are tuples of synonyms: the first names the class
         self.class_names = [str(c[0] if isinstance(c, tuple) else c) for c in classes]
         self.num_classes = len(classes)
-        self.mean, self.std = self._stats(train_x)
+        own = self._stats(train_x) if mean is None or std is None else None  # not measured when given
+        self.mean, self.std = given_mean_std(mean, std, self.in_chans, own)
         self.memory = {"train": (train_x, train_y), "val": (val_x, val_y)}
         self.crop_padding, self.hflip, self.rot90, self.erasing = crop_padding, hflip, rot90, random_erasing
         self.auto_augment = batch_policy(auto_augment, autoaugment_policy)
