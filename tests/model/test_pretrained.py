@@ -111,3 +111,21 @@ def test_the_common_timm_vits_by_name_give_timms_logits(name, args, tmp_path):
     x = torch.randn(2, 3, args["img_size"], args["img_size"])
     with torch.no_grad():
         torch.testing.assert_close(model(x), src(x), atol=1e-4, rtol=1e-4)
+
+
+def test_weights_are_read_once_per_run_and_let_go_once_loaded(tmp_path, monkeypatch):
+    import vit.model.pretrained as pretrained
+
+    reads = []
+    real = pretrained.load_state_dict
+    monkeypatch.setattr(pretrained, "load_state_dict", lambda p: reads.append(p) or real(p))
+    src = timm.models.VisionTransformer(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2)
+    path = _save(src, tmp_path / "w", {"model_args": {"num_heads": 2}})
+    first = find_pretrained(path)  # the command, for the architecture
+    again = find_pretrained(path, num_heads=2)  # the module, for the weights
+    assert len(reads) == 1 and again.state_dict is first.state_dict
+    model = VisionTransformer(**{k: v for k, v in first.arch.items()})
+    load_pretrained(model, again)
+    assert pretrained._last_read is None  # not kept beside the model's copy
+    _save(timm.models.VisionTransformer(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2), path.parent)
+    assert find_pretrained(path).arch["depth"] == 2 and len(reads) == 2  # a new file is read again

@@ -147,7 +147,7 @@ def find_pretrained(source: str | Path, num_heads: int | None = None) -> Pretrai
         model_args = info.get("model_args") or {}
         pcfg = info.get("pretrained_cfg") or {}
         mean, std = pcfg.get("mean"), pcfg.get("std")
-    sd = load_state_dict(path)
+    sd = _read_once(path, load_state_dict)
     heads = model_args.get("num_heads")
     if arch_name is not None and (heads is None or mean is None) and _known_to_timm(arch_name):
         timm_heads, timm_mean, timm_std = _timm_facts(arch_name, model_args)
@@ -172,9 +172,23 @@ def find_pretrained(source: str | Path, num_heads: int | None = None) -> Pretrai
     )
 
 
+# The last file read, kept until the model takes its weights: `vit-train fit` reads the weights to set the
+# architecture before anything is built, then the module reads them again to load them (a ViT-B file: 350 MB twice).
+_last_read: tuple[tuple, object] | None = None
+
+
+def _read_once(path: Path, reader):
+    global _last_read
+    st = path.stat()
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size, reader)
+    if _last_read is None or _last_read[0] != key:
+        _last_read = (key, reader(path))
+    return _last_read[1]
+
+
 def _from_toolkit_checkpoint(text: str, path: Path, num_heads: int | None) -> Pretrained:
     try:
-        ckpt = load_checkpoint(path)
+        ckpt = _read_once(path, load_checkpoint)
     except CheckpointError as e:
         raise InteropError(f"init_from={e}") from None
     hp = ckpt["hyper_parameters"]
@@ -217,6 +231,8 @@ def load_pretrained(model: VisionTransformer, weights: Pretrained) -> None:
     if model.pos_embed_type != "learned":
         sd.pop("pos_embed", None)  # fixed sincos: nothing to load
     missing, unexpected = model.load_state_dict(sd, strict=False)
+    global _last_read
+    _last_read = None  # the model holds its copy now
     # LSA's temperatures are new parameters: they start from timm's own scale, sqrt(head_dim)
     missing = [k for k in missing if not k.endswith(".attn.temperature")]
     if set(missing) - {"head.weight", "head.bias"} or unexpected:
