@@ -10,6 +10,11 @@ from safetensors.torch import save_file
 
 import train
 from bench.digits_folder import write_digits_folder
+from vit.commands.eval import main as eval_main
+from vit.commands.export import main as export_main
+from vit.commands.predict import main as predict_main
+from vit.commands.serve import build_parser as serve_parser
+from vit.commands.serve import build_server
 from vit.model.checkpoint import load_checkpoint
 
 
@@ -48,7 +53,14 @@ def test_a_folder_fine_tunes_the_weights_model_without_spelling_it(digits_folder
     assert cli.model.model.head.out_features == 10
     last = next(in_tmp.glob("checkpoints/*/version_0/last.ckpt"))
     assert load_checkpoint(last)["hyper_parameters"]["init_from"] is None  # the checkpoint stands alone
-    shutil.rmtree(path.parent)  # and resumes from its plan.yaml (which names the weights) without the weights file
+    shutil.rmtree(path.parent)  # without the weights file: predict, eval, export, serve, and a resume from plan.yaml
+    image = next((digits_folder / "val").rglob("*.png"))
+    assert predict_main(["--ckpt", str(last), str(image), "--format", "json", "--out", str(in_tmp / "p.json")]) == 0
+    assert json.loads((in_tmp / "p.json").read_text())[0]["predictions"][0]["label"] in cli.datamodule.class_names
+    assert eval_main(["--ckpt", str(last), str(digits_folder / "val"), "--out", str(in_tmp / "eval")]) == 0
+    assert export_main(["--ckpt", str(last), "--format", "timm", "--out", str(in_tmp / "timm")]) == 0
+    server = build_server(serve_parser().parse_args(["--ckpt", str(last), "--device", "cpu"]))
+    assert server.app is not None
     plan = next(in_tmp.glob("logs/*/version_0/plan.yaml"))
     assert str(path) in plan.read_text()
     flags = [*FLAGS[2:], "--trainer.max_epochs", "2", "--ckpt_path", str(last)]

@@ -141,8 +141,9 @@ class ViTCLI(LightningCLI):
             if fit.get("ckpt_path") and fit.model.get("init_from"):
                 fit.model.init_from = None  # the checkpoint holds the weights; the file may have moved since
             try:
-                self._plan = apply_plan(fit, self._argv)
-                apply_weights(fit, self._argv)  # after the plan: the weights' architecture wins over the plan's
+                # the weights first: their architecture is the model, so the plan is a fine-tune of it
+                weights = apply_weights(fit, self._argv)
+                self._plan = apply_plan(fit, self._argv, weights=weights)
             except ValueError as e:
                 sys.exit(f"error: {e}")
 

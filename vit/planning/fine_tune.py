@@ -2,7 +2,7 @@
 
 A timm user names weights (`--model.init_from vit_small_patch16_224.augreg_in21k_ft_in1k`, a file, or a checkpoint of
 this toolkit) and expects the model they hold: `apply_weights` reads them (vit/model/pretrained.py) and writes into
-the `fit` config, after the plan and wherever you did not set the key yourself:
+the `fit` config, before the plan, wherever you did not set the key yourself:
 - every architecture field the weights fix (width, depth, heads, MLP ratio, biases, qk_norm, pooling, LayerScale, the
   patch size), and for timm weights the plain ViT they come from (patchify stem, learned position embedding, Pre-Norm,
   LayerNorm, a dense GELU MLP, global attention);
@@ -11,8 +11,8 @@ the `fit` config, after the plan and wherever you did not set the key yourself:
   or timm's registry).
 A field you set that the weights contradict stops the run with one line naming both values. Image size, channels
 and classes come from the data (position embeddings resampled, first layer adapted, a new head); a patch size you
-set is resampled (FlexiViT). The plan's other choices (epochs, learning rate, augmentation) stay: a fine-tune is not
-planned yet (issue 41), and FitBudget still keeps a budgeted run inside its budget by timing the first epochs.
+set is resampled (FlexiViT). It runs before the plan, which then plans a fine-tune of this model (the resolution,
+learning rate, layer decay and epochs: vit/planning/fine_tune_plan.py).
 """
 
 from __future__ import annotations

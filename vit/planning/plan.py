@@ -200,6 +200,7 @@ class Planner:
         self.photo = fp.median_side >= PHOTO_SIDE
         self.stem = "conv" if self.photo else "patch"
         self.lr = PHOTO_LR if self.photo else LR
+        self.models = MODELS  # (embed_dim, depth, num_heads) to choose from; a fine-tune has its weights' one
         self.most = (PHOTO_EPOCH_CAP if self.photo else 2) * self.want  # the most epochs a budget may buy
 
     def plan(self) -> Plan:
@@ -222,7 +223,7 @@ class Planner:
                 depth=d,
                 num_heads=h,
             )
-            for w, d, h in MODELS[: self.max_model + 1]
+            for w, d, h in self.models[: self.max_model + 1]
         ]
 
     def epoch_seconds(self, speed: float) -> float:
@@ -259,7 +260,7 @@ class Planner:
             full_speed = self.timed(self.candidates(*full)[-1:])[0]
             full_epochs = self.spare_s() / self.epoch_seconds(full_speed)
             self.img_size, self.patch = full if full_epochs >= self.want else few
-            w, d, _ = MODELS[self.max_model]
+            w, d, _ = self.models[self.max_model]
             self.why_grid = (
                 f"{(full[0] // full[1]) ** 2} tokens would give {w}x{d} "
                 f"{max(0.0, full_epochs):.0f} of its {self.want} epochs in the budget"
@@ -302,7 +303,7 @@ class Planner:
         self.estimate = self.elapsed_s + self.fp.decode_s + FIXED_S + self.epochs * self.epoch_s
 
     def overrides(self) -> dict[str, Any]:
-        w, d, h = MODELS[self.choice]
+        w, d, h = self.models[self.choice]
         self.drop_path = 0.05 if d <= 4 else 0.1
         self.warmup = warmup_epochs(self.epochs)
         overrides = {
@@ -341,7 +342,7 @@ class Planner:
 
     def rows(self, overrides: dict[str, Any]) -> list[tuple[str, str, str]]:
         """The plan table: each decision, its value and why."""
-        fp, (w, d, h), opt = self.fp, MODELS[self.choice], OPTIMIZER_NAMES[self.optimizer]
+        fp, (w, d, h), opt = self.fp, self.models[self.choice], OPTIMIZER_NAMES[self.optimizer]
         speed_text = ", ".join(f"{a.embed_dim}x{a.depth}: {s:.0f}" for a, s in zip(self.archs, self.speeds))
         flip, turns = "on" if self.hflip else "off", "on" if self.rot90 else "off"
         augmentation = (
@@ -364,7 +365,7 @@ class Planner:
             ("img_size, patch", f"{self.img_size}, {self.patch}", f"{tokens} tokens: {self.why_grid}"),
             ("model", f"{w} wide, {d} blocks, {h} heads", self.why_model),
             ("epochs", str(self.epochs), self.why_epochs + f"; ~{self.epoch_s:.1f} s each"),
-            ("batch, lr, warmup", f"{self.batch}, {self.lr:g}, {self.warmup} ep", f"{opt}, cosine to 1%"),
+            ("batch, lr, warmup", f"{self.batch}, {self.lr:.3g}, {self.warmup} ep", f"{opt}, cosine to 1%"),
             ("augmentation", augmentation, f"for {fp.n_train} images"),
             ("regularisation", f"label smoothing {LABEL_SMOOTHING}, drop path {self.drop_path}, wd {WEIGHT_DECAY}", ""),
         ]  # fmt: skip

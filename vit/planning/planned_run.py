@@ -23,7 +23,9 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from vit.data.sources import source_for
 from vit.model.config import follows_patch_grid
+from vit.model.pretrained import Pretrained
 from vit.planning.budget import parse_budget, process_start
+from vit.planning.fine_tune_plan import make_fine_tune_plan
 from vit.planning.fingerprint import fingerprint
 from vit.planning.plan import FIXED_S, Plan, make_plan, warmup_epochs
 from vit.planning.speed import Machine
@@ -82,11 +84,14 @@ def is_explicit(key: str, explicit: set[str]) -> bool:
     return any(".".join(parts[:i]) in explicit for i in range(1, len(parts) + 1))
 
 
-def apply_plan(config, argv: Sequence[str], clock: Callable[[], float] = time.time) -> tuple[Plan, float | None] | None:
+def apply_plan(
+    config, argv: Sequence[str], clock: Callable[[], float] = time.time, weights: Pretrained | None = None
+) -> tuple[Plan, float | None] | None:
     """Plan when `config.plan` or `--budget` asks for it: fingerprint the data (any source of vit/data/sources.py),
     calibrate, write the plan's values into `config` (a jsonargparse Namespace of `fit`) wherever the user did not
-    set the key. Returns (the plan, the
-    deadline as a `clock` time) or None when not planning. Raises ValueError with one line when it cannot plan."""
+    set the key. With `weights` (read by vit/planning/fine_tune.py, which put their model into the config) the plan
+    is a fine-tune of that model (vit/planning/fine_tune_plan.py). Returns (the plan, the deadline as a `clock`
+    time) or None when not planning. Raises ValueError with one line when it cannot plan."""
     budget = parse_budget(config.get("budget"))
     max_time = config.trainer.get("max_time")
     if not config.get("plan") and budget is None:
@@ -103,7 +108,12 @@ def apply_plan(config, argv: Sequence[str], clock: Callable[[], float] = time.ti
     start = process_start()
     fp = fingerprint(source_for(config.data))
     explicit = explicit_keys(argv, [str(p) for p in (config.get("config") or [])])
-    plan = make_plan(fp, Machine.here(), budget_s=budget, elapsed_s=clock() - start)
+    if weights is not None:
+        arch = {**config.model.arch.as_dict(), "img_size": weights.arch["img_size"]}  # their own resolution
+        source = weights.source
+        plan = make_fine_tune_plan(fp, Machine.here(), budget, clock() - start, arch=arch, source=source)
+    else:
+        plan = make_plan(fp, Machine.here(), budget_s=budget, elapsed_s=clock() - start)
     yours = []
     for key, value in plan.overrides.items():
         if is_explicit(key, explicit):

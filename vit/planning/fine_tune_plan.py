@@ -1,0 +1,121 @@
+"""A planned fine-tune: `vit-train fit --data.root PATH --model.init_from WEIGHTS --budget 15min`.
+
+The model is the weights' (vit/planning/fine_tune.py has put it into the config); what is left to plan is what a
+fine-tune needs instead of a from-scratch run: the resolution (the weights' own, or fewer tokens when the budget
+cannot give that one FT_MIN_EPOCHS), the learning rate and layer decay, head-only epochs, and the epochs that fit.
+The data's rules stay the from-scratch plan's (vit/planning/plan.py): flips and turns by the fingerprint, the tier's
+crops, batch and long-tail rule. The measurements behind the numbers are in docs/recipes.md, "Planned fine-tune".
+"""
+
+from __future__ import annotations
+
+import math
+
+from vit.model.config import ViTConfig
+from vit.planning.fingerprint import Fingerprint
+from vit.planning.plan import Plan, Planner
+from vit.planning.speed import Machine
+
+# The learning rate per 256 images of batch (MAE's and BEiT's fine-tuning rule: lr = 5e-4 x batch / 256, AdamW,
+# layer decay 0.65-0.75, 5 warmup epochs, drop path 0.1): batch 64 -> 1.25e-4, a quarter of the photo plan's 5e-4
+# from scratch. Layer decay scales block i of L by FT_LAYER_DECAY ** (L + 1 - i): early features move least.
+FT_LR_PER_256 = 5e-4
+FT_LAYER_DECAY = 0.75
+# Epochs: a fine-tune is short (MAE: 50-100 on ImageNet); the budget buys at most FT_EPOCHS and a resolution is kept
+# only where it buys FT_MIN_EPOCHS.
+FT_EPOCHS = 60
+FT_MIN_EPOCHS = 10
+# Head-only epochs first (LP-FT, Kumar et al. 2022: a random new head's gradients distort the features before it
+# has learned anything), as a share of the epochs.
+FT_HEAD_ONLY = 0.0
+# Calibration steps of a large model cost a CPU much of a budget (a ViT-B step at 224 px and batch 64 takes tens of
+# seconds on 2 cores): time a smaller batch; FitBudget corrects the epoch time from real epochs.
+CALIBRATION_BATCH = 16
+MEASURED_FINE_TUNE = "not measured on real pretrained weights here (no network for them); see docs/recipes.md"
+
+
+class FineTunePlanner(Planner):
+    """Planner's steps with the weights' model (`arch`: every ViTConfig field, as the config holds them after
+    vit/planning/fine_tune.py) in place of the candidate models."""
+
+    def __init__(self, fp: Fingerprint, machine: Machine, budget_s, elapsed_s, speed_fn=None, *, arch: dict, source):
+        super().__init__(fp, machine, budget_s, elapsed_s, speed_fn)
+        self.arch, self.source = dict(arch), source
+        self.models, self.max_model = [(arch["embed_dim"], arch["depth"], arch["num_heads"])], 0
+        self.stem = arch.get("stem", "patch")
+        self.optimizer = "adamw"  # the weights were trained with AdamW (timm's, ours by default); layer decay is its
+        self.lr = FT_LR_PER_256 * self.batch / 256
+        self.want, self.most, self.min_epochs = FT_EPOCHS, FT_EPOCHS, FT_MIN_EPOCHS
+
+    def candidates(self, img_size: int, patch: int) -> list[ViTConfig]:
+        fields = {**self.arch, "img_size": img_size, "patch_size": patch}
+        return [ViTConfig(**{**fields, "in_chans": self.fp.in_chans, "num_classes": self.fp.num_classes})]
+
+    def timed(self, archs: list[ViTConfig], precision: str = "32-true") -> list[float]:
+        batch, self.batch = self.batch, min(self.batch, CALIBRATION_BATCH)
+        try:
+            return super().timed(archs, precision)
+        finally:
+            self.batch = batch
+
+    def sides(self) -> list[int]:
+        """The weights' own side, then 3/4 and 1/2 of its token grid (multiples of the patch, at least 2x2)."""
+        patch, own = self.arch["patch_size"], self.arch["img_size"]
+        grid = own // patch
+        grids = sorted({g for g in (grid, math.ceil(grid * 3 / 4), grid // 2) if g >= 2}, reverse=True)
+        return [g * patch for g in grids]
+
+    def choose_grid(self) -> None:
+        sides, self.patch = self.sides(), self.arch["patch_size"]
+        self.img_size = sides[0]
+        if self.budget_s is None:
+            self.why_grid = "the weights' own resolution (no --budget)"
+            return
+        # Time the weights' own side; fewer tokens are estimated from it (a step's time grows at least with the
+        # tokens) and timed once chosen, in choose_model_and_epochs.
+        own_speed = self.timed(self.candidates(sides[0], self.patch))[0]
+        for side in sides:
+            speed = own_speed * (sides[0] / side) ** 2
+            if self.spare_s() / self.epoch_seconds(speed) >= FT_MIN_EPOCHS:
+                self.img_size = side
+                break
+        else:
+            self.img_size = sides[-1]
+        own = f"the weights' {sides[0]} px"
+        self.why_grid = (
+            own + f" give {FT_MIN_EPOCHS}+ epochs in the budget"
+            if self.img_size == sides[0]
+            else own + f" would give fewer than {FT_MIN_EPOCHS} epochs: fewer tokens"
+        )
+
+    def choose_model_and_epochs(self) -> None:
+        super().choose_model_and_epochs()
+        self.why_model = f"the weights' (init_from={self.source})"
+
+    def overrides(self) -> dict:
+        overrides = super().overrides()
+        for key in ("patch_size", "stem", "embed_dim", "depth", "num_heads"):
+            del overrides[f"model.arch.{key}"]  # the weights' (fine_tune.py), not the candidates'
+        self.head_only = round(FT_HEAD_ONLY * self.epochs)
+        overrides["model.layer_decay"] = FT_LAYER_DECAY
+        overrides["model.freeze_backbone_epochs"] = self.head_only
+        return overrides
+
+    def rows(self, overrides: dict) -> list[tuple[str, str, str]]:
+        rows = [r for r in super().rows(overrides) if r[0] != "measured"]
+        head = f", head only for {self.head_only} ep" if self.head_only else ""
+        rows.insert(
+            -1,
+            (
+                "fine-tune",
+                f"lr {self.lr:.3g} = {FT_LR_PER_256:g} x {self.batch}/256, layer decay {FT_LAYER_DECAY}{head}",
+                f"MAE/BEiT's fine-tuning rule, at most {FT_EPOCHS} epochs (docs/recipes.md)",
+            ),
+        )
+        rows.append(("measured", MEASURED_FINE_TUNE, "docs/recipes.md"))
+        return rows
+
+
+def make_fine_tune_plan(fp, machine, budget_s=None, elapsed_s=0.0, speed_fn=None, *, arch: dict, source: str) -> Plan:
+    """make_plan (vit/planning/plan.py) for a fine-tune of `arch` (the weights' model) from `source`."""
+    return FineTunePlanner(fp, machine, budget_s, elapsed_s, speed_fn, arch=arch, source=source).plan()
