@@ -78,3 +78,18 @@ def test_a_budgeted_fine_tune_of_a_timm_file_is_planned_and_saved(digits_folder,
     assert cli.datamodule.img_size == 32
     saved = next(in_tmp.glob("logs/*/version_0/plan.yaml")).read_text()
     assert "fine-tune" in saved and "layer_decay: 0.75" in saved
+
+
+def test_a_large_model_is_timed_on_a_small_batch_and_a_small_one_on_the_plans():
+    batches = []
+
+    def recording(archs, batch, precision="32-true"):
+        batches.append(batch)
+        return slow_by_tokens(archs, batch, precision)
+
+    plan(budget=3 * 3600, speed=recording)
+    assert set(batches) == {16}  # ViT-S: 21M block parameters
+    batches.clear()
+    small = ViTConfig(img_size=64, patch_size=16, embed_dim=96, depth=4, num_heads=3, stem="conv").to_dict()
+    p = plan(budget=3 * 3600, speed=recording, arch=small)
+    assert set(batches) == {p.overrides["data.init_args.batch_size"]} == {64}

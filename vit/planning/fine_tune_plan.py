@@ -29,8 +29,10 @@ FT_MIN_EPOCHS = 10
 # has learned anything), as a share of the epochs.
 FT_HEAD_ONLY = 0.0
 # Calibration steps of a large model cost a CPU much of a budget (a ViT-B step at 224 px and batch 64 takes tens of
-# seconds on 2 cores): time a smaller batch; FitBudget corrects the epoch time from real epochs.
-CALIBRATION_BATCH = 16
+# seconds on 2 cores): above LARGE block parameters (~12 x depth x width^2; ViT-S: 21M) time a batch of
+# CALIBRATION_BATCH instead; FitBudget corrects the epoch time from real epochs. Small models are timed at the plan's
+# batch, as from scratch: a small batch times them slower per image and can flip the bf16 decision.
+LARGE, CALIBRATION_BATCH = 5e6, 16
 MEASURED_FINE_TUNE = "not measured on real pretrained weights here (no network for them); see docs/recipes.md"
 
 
@@ -52,7 +54,8 @@ class FineTunePlanner(Planner):
         return [ViTConfig(**{**fields, "in_chans": self.fp.in_chans, "num_classes": self.fp.num_classes})]
 
     def timed(self, archs: list[ViTConfig], precision: str = "32-true") -> list[float]:
-        batch, self.batch = self.batch, min(self.batch, CALIBRATION_BATCH)
+        large = 12 * self.arch["depth"] * self.arch["embed_dim"] ** 2 > LARGE
+        batch, self.batch = self.batch, min(self.batch, CALIBRATION_BATCH) if large else self.batch
         try:
             return super().timed(archs, precision)
         finally:
