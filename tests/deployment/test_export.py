@@ -177,3 +177,51 @@ def test_timm_format_builds_timms_model_with_the_same_logits_and_reads_back(cfg,
     )  # fmt: skip
     assert main(["--ckpt", str(tmp_path / "gqa.ckpt"), "--format", "timm", "--out", str(tmp_path / "g")]) == 2
     assert "only the plain model converts" in capsys.readouterr().err and not (tmp_path / "g").exists()
+
+
+def test_int8_onnx_quantizes_the_matrix_products_and_vit_predict_runs_it(smoke_ckpt, tmp_path, capsys):
+    import onnx
+
+    from vit.commands.predict import main as predict_main
+
+    fp32, int8 = tmp_path / "m.onnx", tmp_path / "m-int8.onnx"
+    assert main(["--ckpt", str(smoke_ckpt), "--format", "onnx", "--out", str(fp32)]) == 0
+    assert main(["--ckpt", str(smoke_ckpt), "--format", "onnx", "--quantize", "int8", "--out", str(int8)]) == 0
+    assert json.loads(Path(f"{int8}.json").read_text())["quantized"] == "int8"
+    graph = onnx.load(str(int8)).graph
+    weights = {t.name for t in graph.initializer}
+    assert sum(n.op_type == "MatMulInteger" for n in graph.node) >= 5  # qkv, proj, fc1, fc2 per block, the head
+    # every product with a weight is int8; the attention's own two (q k^T, attention x v) stay float
+    assert not [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and set(n.input) & weights]
+    (tmp_path / "imgs").mkdir()
+    files = [str(f) for f in _files_in_every_mode(tmp_path / "imgs")]
+    answers = {}
+    for flag, model in (("--ckpt", smoke_ckpt), ("--onnx", fp32), ("--onnx", int8)):
+        capsys.readouterr()
+        assert predict_main([flag, str(model), "--format", "json", "--topk", "10", *files]) == 0
+        answers[str(model)] = [
+            {p["label"]: p["prob"] for p in r["predictions"]} for r in json.loads(capsys.readouterr().out)
+        ]
+    torch_probs, fp32_probs, int8_probs = (
+        np.array([[rec[c] for c in sorted(rec)] for rec in answers[str(m)]]) for m in (smoke_ckpt, fp32, int8)
+    )
+    np.testing.assert_allclose(fp32_probs, torch_probs, atol=1e-4)  # same preprocessing and calibration as --ckpt
+    assert np.abs(int8_probs - torch_probs).max() < 0.05
+    assert (int8_probs.argmax(1) == torch_probs.argmax(1)).mean() >= 0.9
+
+
+def test_bad_int8_and_onnx_requests_are_one_line(smoke_ckpt, tmp_path, capsys):
+    from vit.commands.predict import main as predict_main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--ckpt", str(smoke_ckpt), "--format", "torchscript", "--quantize", "int8", "--out", str(tmp_path / "x")])
+    assert e.value.code == 2 and "--quantize int8 needs --format onnx" in capsys.readouterr().err
+    bare = tmp_path / "bare.onnx"
+    export(VisionTransformer(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2), "onnx", bare, 16)
+    assert predict_main(["--onnx", str(bare), str(bare)]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == f"error: {bare}: no bare.onnx.json beside it (vit-export writes the preprocessing there)"
+    )
+    with pytest.raises(SystemExit):
+        predict_main(["--onnx", str(bare), "--attention-out", str(tmp_path), str(bare)])

@@ -2,12 +2,14 @@
 or as timm weights.
 
     vit-export --ckpt checkpoints/digits/version_0/last.ckpt --format onnx --out vit.onnx
+    vit-export --ckpt checkpoints/digits/version_0/last.ckpt --format onnx --quantize int8 --out vit-int8.onnx
     vit-export --ckpt checkpoints/digits/version_0/last.ckpt --format timm --out vit_timm/
 
 The graph holds the model alone: input `images` (B, in_chans, img_size, img_size) float32, already preprocessed;
 output `logits` (B, num_classes). `<out>.json` beside it holds img_size, in_chans, mean, std, class_names and every
 preprocessing step from an image file to that input (vit.data.images.preprocess_spec): what another runtime needs to
-feed it and get vit-predict's answers. `--format timm` writes a folder in timm's Hugging Face layout:
+feed it and get vit-predict's answers (`vit-predict --onnx FILE` runs it). `--quantize int8`: the matrix products in
+int8 (ONNX Runtime's dynamic quantization), for CPUs. `--format timm` writes a folder in timm's Hugging Face layout:
 model.safetensors and a config.json whose model_args build `timm.models.VisionTransformer(**model_args)` with the
 same logits, and whose pretrained_cfg holds the mean, std and input size.
 """
@@ -15,9 +17,10 @@ same logits, and whose pretrained_cfg holds the mean, std and input size.
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
-from vit.deployment.export import export, export_timm, sidecar
+from vit.deployment.export import export, export_timm, quantize_int8, sidecar
 from vit.model.checkpoint import load_model_or_report
 from vit.model.interop import InteropError
 
@@ -31,11 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--format", choices=("onnx", "torchscript", "timm"), required=True)
     ap.add_argument("--out", "--output", dest="out", required=True)
     ap.add_argument("--opset", type=int, default=18, help="ONNX opset (>= 14 for attention; default 18)")
+    ap.add_argument("--quantize", choices=("int8",), help="with --format onnx: int8 matrix products, for CPUs")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.quantize and args.format != "onnx":
+        ap.error(f"--quantize {args.quantize} needs --format onnx")
     loaded = load_model_or_report(args.ckpt)
     if loaded is None:
         return 2
@@ -48,8 +55,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"wrote {out}/model.safetensors and {out}/config.json")
         return 0
-    out = export(model, args.format, args.out, hp["img_size"], hp["in_chans"], args.opset)
-    Path(f"{out}.json").write_text(json.dumps(sidecar(hp), indent=2) + "\n")
+    if args.quantize:
+        with tempfile.TemporaryDirectory() as tmp:
+            fp32 = export(model, "onnx", Path(tmp, "fp32.onnx"), hp["img_size"], hp["in_chans"], args.opset)
+            out = quantize_int8(fp32, args.out)
+    else:
+        out = export(model, args.format, args.out, hp["img_size"], hp["in_chans"], args.opset)
+    Path(f"{out}.json").write_text(json.dumps({**sidecar(hp), "quantized": args.quantize}, indent=2) + "\n")
     print(f"wrote {out} and {out}.json")
     return 0
 

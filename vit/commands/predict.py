@@ -2,6 +2,7 @@
 
     vit-predict --ckpt checkpoints/digits/version_0/last.ckpt --format json some/folder
     vit-predict --ckpt model.ckpt --topk 3 img1.jpg 'photos/**/*.png' --output results.csv --format csv
+    vit-predict --onnx vit-int8.onnx some/folder      # an exported model (vit-export), with its sidecar's preprocessing
 
 Preprocessing (image size, mean, std, channels) comes from the checkpoint alone. Bad files are reported on stderr and
 in the `error` field, and the other images are still classified. Exit status: 0 all classified, 1 some failed,
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 from vit.data.images import expand_inputs
+from vit.deployment.onnx_model import OnnxError, load_onnx
 from vit.deployment.predict import predict
 from vit.model.checkpoint import load_model_or_report
 
@@ -47,12 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vit-predict", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument(
+    model = ap.add_mutually_exclusive_group(required=True)
+    model.add_argument(
         "--ckpt",
         "--ckpt_path",
         dest="ckpt",
-        required=True,
         help="checkpoint written by train.py (loaded as data, never as code)",
+    )
+    model.add_argument(
+        "--onnx", metavar="FILE", help="a model exported by vit-export (int8 or not), its FILE.json beside it; CPU"
     )
     ap.add_argument("--topk", type=int, default=5, help="how many classes per image (default 5)")
     ap.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
@@ -83,10 +88,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.topk < 1 or args.batch_size < 1:
         ap.error("--topk and --batch-size must be >= 1")
-    loaded = load_model_or_report(args.ckpt)
-    if loaded is None:
-        return 2
-    model, hparams = loaded
+    if args.onnx and args.attention_out:
+        ap.error("--attention-out needs the torch model (--ckpt): an ONNX graph has no attention to read")
+    if args.onnx:
+        try:
+            model, hparams = load_onnx(args.onnx)
+        except OnnxError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        args.device = "cpu"
+    else:
+        loaded = load_model_or_report(args.ckpt)
+        if loaded is None:
+            return 2
+        model, hparams = loaded
     paths = expand_inputs(args.inputs)
     if not paths:
         print(f"error: no image matched {' '.join(args.inputs)}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """Export a model to ONNX or TorchScript, batch dimension dynamic, and describe how to feed it; or back to timm.
 
     export(model, "onnx", "vit.onnx", img_size=32)     # the graph: (B, C, S, S) float32 -> (B, num_classes) logits
+    quantize_int8("vit.onnx", "vit-int8.onnx")         # its matrix products in int8, for CPUs
     sidecar(hparams)                                  # img_size, mean, std, class_names, the preprocessing steps
     export_timm(model, hparams, "vit_timm/")          # model.safetensors + config.json, timm's Hugging Face layout
 
@@ -43,6 +44,22 @@ def export(
         traced.save(str(out))
     else:
         raise ValueError(f"format={fmt!r} is not one of ['onnx', 'torchscript']")
+    return out
+
+
+def quantize_int8(fp32: str | Path, out: str | Path) -> Path:
+    """ONNX Runtime's dynamic quantization of an exported model: the weights of every MatMul and Gemm in int8, the
+    activations quantized per batch at run time. Dynamic, not static: a ViT's activations (after softmax and GELU,
+    the residual stream's outliers) vary from image to image, so ranges fixed on calibration images cost accuracy,
+    and dynamic needs no data. bench/int8.py measures it against fp32 ONNX and torch (docs/performance.md)."""
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.getLogger().setLevel(logging.ERROR)  # its "consider pre-processing" advice is printed through root
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8)
     return out
 
 

@@ -1,0 +1,57 @@
+"""An exported ONNX model (`vit-export --format onnx [--quantize int8]`) run by ONNX Runtime, in place of the torch
+model: `vit-predict --onnx FILE` classifies with it, with the preprocessing and calibration of its sidecar.
+
+    model, hparams = load_onnx("vit-int8.onnx")   # hparams from vit-int8.onnx.json: img_size, mean, std, ...
+    logits = model(normalized_batch)               # (B, C, S, S) float32 -> (B, num_classes), as the torch model
+"""
+
+import json
+from pathlib import Path
+
+import torch
+
+
+class OnnxClassifier(torch.nn.Module):
+    """Called like vit.model.VisionTransformer: a normalised (B, C, S, S) float32 batch in, logits out (on the CPU:
+    ONNX Runtime's CPU provider, which is what int8 is for)."""
+
+    def __init__(self, path: str | Path, threads: int | None = None):
+        super().__init__()
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.input = self.session.get_inputs()[0].name
+        self.num_classes = int(self.session.get_outputs()[0].shape[-1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.session.run(None, {self.input: x.float().cpu().numpy()})[0])
+
+
+class OnnxError(ValueError):
+    """An ONNX file or its sidecar that cannot be used; the message names the file."""
+
+
+def load_onnx(path: str | Path) -> tuple[OnnxClassifier, dict]:
+    """The model and the hyper-parameters predict needs (img_size, in_chans, mean, std, class_names, temperature),
+    read from `<path>.json`, which vit-export writes beside the model."""
+    path = Path(path)
+    meta = Path(f"{path}.json")
+    if not path.is_file():
+        raise OnnxError(f"{path}: no such ONNX file")
+    if not meta.is_file():
+        raise OnnxError(f"{path}: no {meta.name} beside it (vit-export writes the preprocessing there)")
+    try:
+        hparams = json.loads(meta.read_text())
+        missing = [k for k in ("img_size", "mean", "std") if k not in hparams]
+    except (OSError, ValueError) as e:
+        raise OnnxError(f"{meta}: not readable JSON ({e})") from None
+    if missing:
+        raise OnnxError(f"{meta}: no {', '.join(missing)}")
+    try:
+        model = OnnxClassifier(path)
+    except Exception as e:  # onnxruntime raises its own types for a broken graph
+        raise OnnxError(f"{path}: ONNX Runtime cannot load it ({str(e).splitlines()[0]})") from None
+    return model, hparams
