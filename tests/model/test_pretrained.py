@@ -129,3 +129,17 @@ def test_weights_are_read_once_per_run_and_let_go_once_loaded(tmp_path, monkeypa
     assert pretrained._last_read is None  # not kept beside the model's copy
     _save(timm.models.VisionTransformer(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2), path.parent)
     assert find_pretrained(path).arch["depth"] == 2 and len(reads) == 2  # a new file is read again
+
+
+def test_the_head_is_kept_only_for_the_same_classes(tmp_path):
+    src = VisionTransformer(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=2)
+    hp = {"arch": src.cfg.to_dict(), "class_names": ["cat", "dog"], "mean": [0.5] * 3, "std": [0.5] * 3}
+    sd = {f"model.{k}": v for k, v in src.state_dict().items()}
+    torch.save({"state_dict": sd, "hyper_parameters": hp}, tmp_path / "m.ckpt")
+    weights = find_pretrained(tmp_path / "m.ckpt")
+    assert weights.class_names == ["cat", "dog"]
+    for names, kept in ((["cat", "dog"], True), (["bolt", "nut"], False), (None, True)):
+        model = VisionTransformer(**src.cfg.to_dict())
+        load_pretrained(model, find_pretrained(tmp_path / "m.ckpt"), names)
+        assert torch.equal(model.head.weight, src.head.weight) == kept, names
+        assert torch.equal(model.blocks[0].attn.qkv.weight, src.blocks[0].attn.qkv.weight)

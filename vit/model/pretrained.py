@@ -40,6 +40,7 @@ class Pretrained:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     toolkit: bool = False
+    class_names: list[str] | None = None  # what the head's outputs mean, where the weights say (label_names)
 
 
 def hf_cache_dir() -> Path:
@@ -122,7 +123,7 @@ def find_pretrained(source: str | Path, num_heads: int | None = None) -> Pretrai
     otherwise stop here. Raises InteropError (or CheckpointError) with one line naming the source."""
     text = str(source)
     path = Path(text).expanduser()
-    arch_name, model_args, mean, std = None, {}, None, None
+    arch_name, model_args, mean, std, labels = None, {}, None, None, None
     if path.is_dir():
         found = [path / n for n in WEIGHT_FILES if (path / n).is_file()]
         if not found:
@@ -147,6 +148,7 @@ def find_pretrained(source: str | Path, num_heads: int | None = None) -> Pretrai
         model_args = info.get("model_args") or {}
         pcfg = info.get("pretrained_cfg") or {}
         mean, std = pcfg.get("mean"), pcfg.get("std")
+        labels = info.get("label_names")
     sd = _read_once(path, load_state_dict)
     heads = model_args.get("num_heads")
     if arch_name is not None and (heads is None or mean is None) and _known_to_timm(arch_name):
@@ -167,9 +169,8 @@ def find_pretrained(source: str | Path, num_heads: int | None = None) -> Pretrai
             "them naming a timm architecture, no qk_norm): give --model.arch.num_heads"
         )
     arch = config_from_state_dict(sd, heads)
-    return Pretrained(
-        text, path, sd, arch, tuple(map(float, mean)) if mean else None, tuple(map(float, std)) if std else None
-    )
+    mean, std = tuple(map(float, mean)) if mean else None, tuple(map(float, std)) if std else None
+    return Pretrained(text, path, sd, arch, mean, std, class_names=list(labels) if labels else None)
 
 
 # The last file read, kept until the model takes its weights: `vit-train fit` reads the weights to set the
@@ -197,11 +198,13 @@ def _from_toolkit_checkpoint(text: str, path: Path, num_heads: int | None) -> Pr
         raise InteropError(f"init_from={text}: the checkpoint has {arch['num_heads']} heads, the config {num_heads}")
     sd = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     mean, std = hp.get("mean"), hp.get("std")
-    return Pretrained(text, path, sd, arch, tuple(mean) if mean else None, tuple(std) if std else None, toolkit=True)
+    mean, std, names = tuple(mean) if mean else None, tuple(std) if std else None, hp.get("class_names")
+    return Pretrained(text, path, sd, arch, mean, std, toolkit=True, class_names=list(names) if names else None)
 
 
-def load_pretrained(model: VisionTransformer, weights: Pretrained) -> None:
-    """Weights into a model built from their architecture for new data: a new head when the classes differ,
+def load_pretrained(model: VisionTransformer, weights: Pretrained, class_names: list[str] | None = None) -> None:
+    """Weights into a model built from their architecture for new data: a new head when the classes differ (in
+    number, or by name where both the weights and `class_names` name them: 5 clothing classes are not 5 others),
     position embeddings resampled to the model's grid, the patch kernel to its patch size (FlexiViT), and the first
     layer adapted when the channels differ (timm's adapt_input_conv: grey images from RGB weights and back)."""
     from timm.models import adapt_input_conv
@@ -226,7 +229,8 @@ def load_pretrained(model: VisionTransformer, weights: Pretrained) -> None:
         sd[kernel] = adapt_input_conv(cfg.in_chans, sd[kernel])  # (D, C, p, p): channels summed or repeated
     elif cfg.in_chans != weights.arch["in_chans"]:
         raise InteropError(f"init_from={src}: {weights.arch['in_chans']} input channels, the data {cfg.in_chans}")
-    if weights.arch["num_classes"] != cfg.num_classes:
+    renamed = bool(class_names and weights.class_names) and list(class_names) != list(weights.class_names)
+    if weights.arch["num_classes"] != cfg.num_classes or renamed:
         sd.pop("head.weight", None), sd.pop("head.bias", None)
     if model.pos_embed_type != "learned":
         sd.pop("pos_embed", None)  # fixed sincos: nothing to load

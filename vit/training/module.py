@@ -139,7 +139,7 @@ class ViTClassifier(L.LightningModule):
         self._moe_layers = [m for m in self.model.modules() if isinstance(m, MoEMlp)]  # a list: not re-registered
         self._expert_counts = torch.zeros(len(self._moe_layers), arch.moe_experts, dtype=torch.long)
         if init_from:  # the checkpoint keeps the weights: on_save_checkpoint forgets the file (see there)
-            load_pretrained(self.model, find_pretrained(init_from, arch.num_heads))
+            load_pretrained(self.model, find_pretrained(init_from, arch.num_heads), class_names)
         self.mixup = None
         if mixup_alpha > 0 or cutmix_alpha > 0:
             self.mixup = Mixup(
