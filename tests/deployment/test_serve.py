@@ -175,6 +175,7 @@ def test_served_top_k_equals_vit_predicts(server, smoke_ckpt, images, capsys):
         np.testing.assert_allclose(
             [p["prob"] for p in answer["predictions"]], [p["prob"] for p in rec["predictions"]], atol=1e-5
         )
+        assert answer["unknown"] is rec["unknown"], path  # the checkpoint's rejection, as vit-predict applies it
     # the raw body works as well as a multipart upload
     status, answer = request(f"{server}/predict?topk=3", images[0].read_bytes(), "image/png")
     assert status == 200 and [p["label"] for p in answer["predictions"]] == [
@@ -326,6 +327,9 @@ def test_the_page_in_a_real_browser_shows_the_top_label_and_the_overlay(server, 
         assert top == answer["predictions"][0]["label"]
         assert page.evaluate("document.querySelectorAll('#bars .bar').length") == 5
         assert page.evaluate("document.getElementById('overlay').naturalWidth") == 224
+        # the "unknown" notice shows exactly when the answer says so
+        assert page.evaluate("document.body.dataset.unknown") == str(answer["unknown"]).lower()
+        assert page.evaluate("document.getElementById('unknown').hidden") is (not answer["unknown"])
         shot = page.screenshot(tmp_path / "page.png")
     assert Image.open(shot).size[0] > 500
     if os.environ.get("VIT_SCREENSHOT"):  # docs/serve_page.png is made this way

@@ -3,6 +3,7 @@
     vit-eval --ckpt checkpoints/folder/version_0/last.ckpt path/to/labelled --out eval/   # <class>/<image> folders
     vit-eval --ckpt last.ckpt --split val --out eval/          # the checkpoint's own validation split, as in training
     vit-eval --ckpt last.ckpt torch/fashion_mnist --data-root data --out eval/      # a torchvision test split
+    vit-eval --ckpt last.ckpt --split val --ood path/to/other_images --out eval/    # how well it says "unknown"
 
 Writes into the --out folder: metrics.json, predictions.csv, per_class.csv, confusion_matrix.png, reliability.png,
 top_losses.png and index.html (one self-contained page with all of them). Probabilities are the served ones
@@ -39,6 +40,7 @@ from vit.evaluation.report import (
     write_predictions,
 )
 from vit.evaluation.tta import SymmetryTTA, tta_views
+from vit.evaluation.unknown import FeatureTap, features_of, ood_report, rejection_report, unknown_scores
 from vit.model.checkpoint import CheckpointError, load_checkpoint, load_model_or_report
 
 
@@ -211,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-losses", type=int, default=16, help="how many of the worst images to show (1-25)")
     ap.add_argument("--raw-probs", action="store_true", help="the softmax as it was, without the fitted temperature")
     ap.add_argument(
+        "--ood",
+        metavar="DIR",
+        help="a folder of images of none of the classes: AUROC and FPR at 95%% TPR of every unknown score against them",
+    )
+    ap.add_argument(
         "--tta",
         action="store_true",
         help="average the logits over the flips and quarter turns the model trained with (1 forward per view)",
@@ -233,10 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     temperature = 1.0 if args.raw_probs else hparams.get("temperature", 1.0)
     device = pick_device(args.device)
     ckpt = load_checkpoint(args.ckpt)  # its records beside the weights: the training data, the label issues
-    scorer = SymmetryTTA(model, *tta_views(ckpt.get("data"))) if args.tta else model
+    tap = None if args.tta else FeatureTap(model)  # the pooled features of the same pass, for rejection
+    scorer = SymmetryTTA(model, *tta_views(ckpt.get("data"))) if args.tta else tap
     try:
         batches, ids_of, files, title = batches_for(args, ckpt, hparams, classes, device)
         scored = score(scorer, progress(batches), device, temperature, worst=args.top_losses)
+        outside = ood_scores(args, model, hparams, device) if args.ood else None
     except (DataError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -244,6 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = prediction_rows(scored.logits, scored.targets, temperature)
     metrics = metrics_of(rows, classes, temperature)
     metrics["skipped"] = [{"path": p, "error": e} for p, e in (files.errors if files else [])]
+    record, feats = hparams.get("unknown"), torch.cat(tap.feats) if tap is not None else None
+    if tap is not None and record is not None:
+        metrics["unknown"] = rejection_report(scored.logits, feats, scored.targets, record, classes)
+    if outside is not None:
+        inside = unknown_scores(scored.logits, feats, (record or {}).get("stats"))
+        metrics["ood"] = ood_report(inside, outside, record)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -267,9 +282,42 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{metrics['n']} images: top-1 {top1:.2f}%, balanced {balanced:.2f}%,"
         f" macro F1 {metrics['f1_macro']:.4f}, ECE {metrics['ece']:.4f} (raw {metrics['ece_uncalibrated']:.4f})"
-        f"\nreport: {out / 'index.html'}"
     )
+    print(unknown_lines(metrics) + f"report: {out / 'index.html'}")
     return 1 if metrics["skipped"] else 0
+
+
+def ood_scores(args, model, hparams: dict, device) -> dict:
+    """Every score that the checkpoint allows on the images of --ood DIR (any layout: none of them is of a class)."""
+    files = expand_inputs([args.ood])
+    if not files:
+        raise DataError(f"--ood {args.ood}: no image files there")
+    fb = FileBatches(files, [0] * len(files), hparams, args.batch_size, args.num_workers, device)
+    feats, logits, _ = features_of(model, progress(fb), device)
+    return unknown_scores(logits, feats, (hparams.get("unknown") or {}).get("stats"))
+
+
+def unknown_lines(metrics: dict) -> str:
+    """What rejection did here, and with --ood how each score tells the two sets apart."""
+    text = ""
+    if (u := metrics.get("unknown")) is not None:
+        accepted = u["accuracy_accepted"]
+        text += (
+            f"unknown ({u['score']}): {100 * u['rejected']:.1f}% of these images rejected; top-1 on the accepted "
+            + (f"{100 * accepted:.2f}%\n" if accepted is not None else "-\n")
+        )
+    if (ood := metrics.get("ood")) is not None:
+        text += "--ood: score                  AUROC  FPR@95%TPR\n"
+        text += "".join(
+            f"       {name:<22} {r['auroc']:.4f} {r['fpr_at_95_tpr']:.4f}\n"
+            for name, r in ood.items()
+            if isinstance(r, dict)
+        )
+        if "rejected_by_the_checkpoint" in ood:
+            text += (
+                f"       the checkpoint's threshold rejects {100 * ood['rejected_by_the_checkpoint']:.1f}% of them\n"
+            )
+    return text
 
 
 def progress(batches):

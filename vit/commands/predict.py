@@ -4,7 +4,9 @@
     vit-predict --ckpt model.ckpt --topk 3 img1.jpg 'photos/**/*.png' --output results.csv --format csv
     vit-predict --onnx vit-int8.onnx some/folder      # an exported model (vit-export), with its sidecar's preprocessing
 
-Preprocessing (image size, mean, std, channels) comes from the checkpoint alone. Bad files are reported on stderr and
+Preprocessing (image size, mean, std, channels) comes from the checkpoint alone. An image unlike the training data
+(its score below the threshold stored after training: vit/evaluation/unknown.py) is `unknown` (JSON, CSV column) and
+shown as UNKNOWN in the table, with its nearest classes. Bad files are reported on stderr and
 in the `error` field, and the other images are still classified. Exit status: 0 all classified, 1 some failed,
 2 usage error (bad checkpoint, no input matched).
 """
@@ -31,15 +33,18 @@ def format_records(records: list[dict], fmt: str, topk: int) -> str:
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf)
-        w.writerow(["path", *[f"{c}{r}" for r in range(1, topk + 1) for c in ("label", "prob")], "error"])
+        head = ["path", *[f"{c}{r}" for r in range(1, topk + 1) for c in ("label", "prob")], "unknown", "error"]
+        w.writerow(head)
         for rec in records:
             cells = [v for p in rec["predictions"] for v in (p["label"], f"{p['prob']:.4f}")]
-            w.writerow([rec["path"], *cells, *[""] * (2 * topk - len(cells)), rec["error"] or ""])
+            unknown = "" if rec["unknown"] is None else str(rec["unknown"]).lower()
+            w.writerow([rec["path"], *cells, *[""] * (2 * topk - len(cells)), unknown, rec["error"] or ""])
         return buf.getvalue()
     width = max([len("path"), *(len(r["path"]) for r in records)])
     lines = [f"{'path':<{width}}  predictions"]
     for rec in records:
         preds = "  ".join(f"{p['label']} {p['prob']:.3f}" for p in rec["predictions"])
+        preds = f"UNKNOWN (nearest: {preds})" if rec["unknown"] else preds
         lines.append(f"{rec['path']:<{width}}  {preds if rec['error'] is None else 'ERROR: ' + rec['error']}")
     return "\n".join(lines) + "\n"
 

@@ -35,7 +35,7 @@ from vit.data.base import ImageClassificationData
 from vit.data.folder import default_memory_budget_gb
 from vit.data.sources import public_class_path
 from vit.data.transforms import DataError
-from vit.evaluation.after_fit import adjust_after_fit, calibrate_after_fit
+from vit.evaluation.after_fit import adjust_after_fit, calibrate_after_fit, unknown_after_fit
 from vit.evaluation.map_callback import AttentionMapCallback
 from vit.model.checkpoint import CheckpointError, load_checkpoint
 from vit.planning.estimate import RunEstimate
@@ -302,6 +302,7 @@ class ViTCLI(LightningCLI):
                     print(line)
             if saved:
                 print(calibrate_after_fit(saved, self.datamodule, device, tb, self.trainer.global_step))
+                print(unknown_after_fit(saved, self.datamodule, device))
         finally:  # the passes over the validation set after fit are a stage of their own: free its loader workers
             self.datamodule.teardown("validate")
 

@@ -131,6 +131,15 @@ def whole_val_batches(dm: ImageClassificationData):
     return dm.val_dataloader()  # litdata streams: its own loader
 
 
+def whole_train_batches(dm: ImageClassificationData) -> DeviceBatches | None:
+    """The training images without augmentation, as validation sees images (after fit: the statistics that tell
+    training-like images from others, vit/evaluation/unknown.py); None where they are not held in memory (a stream)."""
+    if not (getattr(dm, "memory", None) and "train" in dm.memory):
+        return None
+    images, targets = dm.memory["train"]
+    return DeviceBatches(images, targets, dm.eval_batch_size, dm.mean, dm.std, train=False, out_size=dm.img_size)
+
+
 def channel_mean_std(x: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean and (unbiased) std of uint8 images (N, C, H, W) in [0, 1], in float64 chunks: no float copy
     of the whole set (4x the uint8 tensor)."""

@@ -1,6 +1,6 @@
 """Export a model to ONNX or TorchScript, batch dimension dynamic, and describe how to feed it; or back to timm.
 
-    export(model, "onnx", "vit.onnx", img_size=32)     # the graph: (B, C, S, S) float32 -> (B, num_classes) logits
+    export(model, "onnx", "vit.onnx", img_size=32)     # the graph: (B, C, S, S) float32 -> logits, pooled features
     quantize_int8("vit.onnx", "vit-int8.onnx")         # its matrix products in int8, for CPUs
     sidecar(hparams)                                  # img_size, mean, std, class_names, the preprocessing steps
     export_timm(model, hparams, "vit_timm/")          # model.safetensors + config.json, timm's Hugging Face layout
@@ -14,7 +14,21 @@ from pathlib import Path
 import torch
 
 from vit.data.images import preprocess_spec
+from vit.evaluation.unknown import pooled_features
 from vit.model.interop import timm_args, to_timm
+
+
+class LogitsAndFeatures(torch.nn.Module):
+    """The exported graph's two outputs: the logits (B, num_classes) and the pooled features the head reads (B, D),
+    which the unknown scores of vit/evaluation/unknown.py need (their statistics are in the sidecar)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        feats, logits = pooled_features(self.model, x)
+        return logits, feats
 
 
 def export(
@@ -28,11 +42,11 @@ def export(
     if fmt == "onnx":
         batch = torch.export.Dim("batch", min=1, max=4096)
         program = torch.onnx.export(
-            model,
+            LogitsAndFeatures(model),
             (example,),
             dynamo=True,
             input_names=["images"],
-            output_names=["logits"],
+            output_names=["logits", "features"],
             dynamic_shapes={"x": {0: batch}},
             opset_version=opset,
             verbose=False,
@@ -81,7 +95,19 @@ def sidecar(hparams: dict) -> dict:
         "preprocess": preprocess_spec(img_size, in_chans, hparams["mean"], hparams["std"]),
         # calibrated probabilities, as vit-predict serves them: softmax(logits / temperature) (1.0: not calibrated)
         "temperature": hparams.get("temperature", 1.0),
+        # rejection: the score (of `logits` and `features`), its threshold and the statistics it needs; null: none
+        "unknown": unknown_sidecar(hparams.get("unknown")),
     }
+
+
+def unknown_sidecar(record: dict | None) -> dict | None:
+    """A checkpoint's rejection record as JSON: the chosen score's statistics only (lists of floats)."""
+    if record is None:
+        return None
+    needs = {"mahalanobis": ("means", "precision"), "knn": ("bank",),
+             "relative_mahalanobis": ("means", "precision", "background_mean", "background_precision")}  # fmt: skip
+    stats = {k: record["stats"][k].tolist() for k in needs.get(record["score"], ())}
+    return {"score": record["score"], "threshold": record["threshold"], "stats": stats}
 
 
 def export_timm(model: torch.nn.Module, hparams: dict, out: str | Path) -> Path:

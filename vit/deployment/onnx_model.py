@@ -25,9 +25,15 @@ class OnnxClassifier(torch.nn.Module):
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.input = self.session.get_inputs()[0].name
         self.num_classes = int(self.session.get_outputs()[0].shape[-1])
+        self.has_features = len(self.session.get_outputs()) > 1  # exports before rejection have logits only
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.session.run(None, {self.input: x.float().cpu().numpy()})[0])
+
+    def features_and_logits(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(pooled features or None, logits) of one run: what vit.evaluation.unknown.pooled_features asks."""
+        out = self.session.run(None, {self.input: x.float().cpu().numpy()})
+        return (torch.from_numpy(out[1]) if self.has_features else None), torch.from_numpy(out[0])
 
 
 class OnnxError(ValueError):
@@ -54,4 +60,10 @@ def load_onnx(path: str | Path) -> tuple[OnnxClassifier, dict]:
         model = OnnxClassifier(path)
     except Exception as e:  # onnxruntime raises its own types for a broken graph
         raise OnnxError(f"{path}: ONNX Runtime cannot load it ({str(e).splitlines()[0]})") from None
-    return model, hparams
+    unknown = hparams.get("unknown")
+    if unknown is not None:
+        if not model.has_features and unknown["stats"]:
+            raise OnnxError(f"{path}: its sidecar rejects by {unknown['score']}, the graph has no features output")
+        unknown = {**unknown, "threshold": float(unknown["threshold"])}
+        unknown["stats"] = {k: torch.tensor(v, dtype=torch.float32) for k, v in unknown["stats"].items()}
+    return model, {**hparams, "unknown": unknown}

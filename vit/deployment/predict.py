@@ -1,6 +1,6 @@
 """Classify image files with a trained model: the library behind `vit-predict` and `vit-serve`.
 
-    records = predict(model, paths, hparams, topk=3)   # [{'path', 'predictions': [{'label', 'prob'}], 'error'}]
+    records = predict(model, paths, hparams, topk=3)   # [{'path', 'predictions': [...], 'unknown', 'error'}]
     logits = model(normalize(uint8_batch, hparams["mean"], hparams["std"]))
 
 Preprocessing (image size, channels, mean, std) comes from the checkpoint's hyper-parameters, through vit.data.images:
@@ -24,6 +24,7 @@ from vit.evaluation.attention_maps import (
     relevance,
 )
 from vit.evaluation.calibration import probabilities
+from vit.evaluation.unknown import Rejector, pooled_features
 
 
 class ImageFiles(Dataset):
@@ -120,7 +121,8 @@ def predict(
     attention_map: str = "relevance",
     raw_probs: bool = False,
 ) -> list[dict]:
-    """Classify image files: one record per path, in order: {'path', 'predictions': [{'label', 'prob'}], 'error'}.
+    """Classify image files: one record per path, in order: {'path', 'predictions': [{'label', 'prob'}], 'unknown',
+    'error'}.
     With `attention_out`, also an overlay PNG per image there (`attention_map`: relevance or rollout). Probabilities
     are calibrated by the checkpoint's temperature (hparams["temperature"]) unless `raw_probs`."""
     from torchvision.utils import save_image
@@ -139,7 +141,10 @@ def predict(
         collate_fn=collate,
         pin_memory=dev.type == "cuda",
     )
-    records: list[dict] = [{"path": p, "predictions": [], "error": None} for p in paths]
+    # "unknown": the image scores below the checkpoint's rejection threshold (vit/evaluation/unknown.py); a checkpoint
+    # without one never says so
+    records: list[dict] = [{"path": p, "predictions": [], "unknown": None, "error": None} for p in paths]
+    reject = Rejector(hparams.get("unknown"))
     if attention_out:
         Path(attention_out).mkdir(parents=True, exist_ok=True)
     bar = tqdm(loader, desc="predict", unit="batch", file=sys.stderr, disable=not progress or len(loader) <= 3)
@@ -153,12 +158,18 @@ def predict(
             if x is None:
                 continue
             x = normalize(x.to(dev, non_blocking=True), mean, std)
+            feats = None
             if attention_out:
                 maps, logits = map_and_logits(model, x, attention_map)
                 for i, picture in zip(idx, overlays(x, maps, hparams)):
                     save_image(picture, Path(attention_out) / f"{i:05d}_{Path(paths[i]).stem}.png")
+                if reject.needs_features:
+                    feats, _ = pooled_features(model, x)
+            elif reject.needs_features:
+                feats, logits = pooled_features(model, x)
             else:
                 logits = model(x)
-            for i, preds in zip(idx, top_k(logits, names, topk, temperature)):
-                records[i]["predictions"] = preds
+            unknown = reject(logits, feats).tolist()
+            for i, preds, u in zip(idx, top_k(logits, names, topk, temperature), unknown):
+                records[i]["predictions"], records[i]["unknown"] = preds, u
     return records

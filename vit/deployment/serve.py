@@ -29,6 +29,7 @@ from starlette.requests import Request
 from vit.data.images import describe, image_at, read_image
 from vit.deployment.predict import channel_stats, class_names, map_and_logits, normalize, top_k
 from vit.evaluation.attention_maps import denormalize, overlay
+from vit.evaluation.unknown import Rejector, pooled_features
 from vit.model.checkpoint import load_model
 
 MAPS = ("none", "relevance", "rollout")
@@ -282,6 +283,7 @@ class ViTAPI(ls.LitAPI):
         self.names = class_names(self.model, self.hparams)
         self.shape = (self.hparams["in_chans"], self.hparams["img_size"], self.hparams["img_size"])
         self.mean, self.std = channel_stats(self.hparams, self.device)  # once, on the device
+        self.reject = Rejector(self.hparams.get("unknown"))
 
     def decode_request(self, request: dict):
         pixels = torch.frombuffer(bytearray(base64.b64decode(request["pixels"])), dtype=torch.uint8)
@@ -293,13 +295,18 @@ class ViTAPI(ls.LitAPI):
     def predict(self, items: list) -> list[dict]:
         x = torch.stack([pixels for pixels, _, _, _ in items]).to(self.device, non_blocking=True)
         x = normalize(x, self.mean, self.std)  # (B, C, S, S)
+        feats = None
         with torch.inference_mode():
-            logits = self.model(x)
+            if self.reject.needs_features:
+                feats, logits = pooled_features(self.model, x)
+            else:
+                logits = self.model(x)
+        unknown = self.reject(logits, feats).tolist()  # the checkpoint's rejection; False without one
         k_max = max(k for _, k, _, _ in items)
         calibrated = top_k(logits, self.names, k_max, self.hparams.get("temperature", 1.0))
         raw = top_k(logits, self.names, k_max) if any(r for _, _, _, r in items) else None
         out = [
-            {"predictions": (raw if r else calibrated)[i][:k], "map": None, "batch": len(items)}
+            {"predictions": (raw if r else calibrated)[i][:k], "unknown": unknown[i], "map": None, "batch": len(items)}
             for i, (_, k, _, r) in enumerate(items)
         ]
         for kind in MAPS[1:]:

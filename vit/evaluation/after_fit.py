@@ -6,11 +6,20 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torchmetrics.functional.classification import multiclass_confusion_matrix
 
-from vit.data.base import ImageClassificationData, whole_val_batches
+from vit.data.base import ImageClassificationData, whole_train_batches, whole_val_batches
 from vit.evaluation.calibration import calibrate_checkpoints
 from vit.evaluation.logit_adjustment import adjust_checkpoints
 from vit.evaluation.report import confusion_figure
 from vit.evaluation.scores import balanced_accuracy
+from vit.evaluation.unknown import (
+    ACCEPT,
+    DEFAULT_SCORE,
+    SCORES,
+    accept_threshold,
+    feature_stats,
+    features_of,
+    unknown_scores,
+)
 
 
 def adjust_after_fit(paths: list[str], dm: ImageClassificationData, device: torch.device) -> str | None:
@@ -54,3 +63,34 @@ def calibrate_after_fit(
             writer.add_scalar(f"eval/acc_per_class/{name}", r, step)
         writer.flush()
     return lines
+
+
+def unknown_after_fit(paths: list[str], dm: ImageClassificationData, device: torch.device) -> str:
+    """Rejection for each checkpoint (the best first): the pooled features' statistics on the training images (no
+    augmentation), every score's threshold at ACCEPT of the validation images (never the training ones, which the
+    model has fitted), stored in the file under "unknown"; vit-predict, vit-serve, vit-eval and the ONNX sidecar
+    apply the DEFAULT_SCORE's (vit/evaluation/unknown.py)."""
+    from vit.model.checkpoint import load_checkpoint, load_model
+    from vit.training.checkpoint_io import AtomicCheckpointIO
+
+    train = whole_train_batches(dm)
+    lines = []
+    for path in dict.fromkeys(paths):  # best and last can be the same file
+        model, _ = load_model(path)
+        stats = None
+        if train is not None:
+            feats, _, targets = features_of(model, train, device)
+            stats = feature_stats(feats, targets, dm.num_classes)
+        feats, logits, _ = features_of(model, whole_val_batches(dm), device)
+        scores = unknown_scores(logits, feats, stats)
+        thresholds = {name: accept_threshold(s) for name, s in scores.items()}
+        score = DEFAULT_SCORE if DEFAULT_SCORE in thresholds else "energy"
+        ckpt = load_checkpoint(path)
+        ckpt["unknown"] = {"score": score, "threshold": thresholds[score], "accept": ACCEPT,
+                           "thresholds": thresholds, "stats": stats or {}}  # fmt: skip
+        AtomicCheckpointIO().save_checkpoint(ckpt, path)
+        lines.append(score)
+    return (
+        f"unknown: {lines[0]} below its threshold says 'unknown' (set to accept {ACCEPT:.0%} of the validation "
+        f"images); {len(SCORES) if train is not None else 3} scores stored for vit-eval --ood"
+    )

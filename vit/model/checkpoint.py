@@ -57,6 +57,26 @@ def temperature_of(ckpt: dict, path) -> float:
     return float(t)
 
 
+def unknown_of(ckpt: dict, path, cfg: ViTConfig) -> dict | None:
+    """The rejection record stored after training (vit/evaluation/unknown.py: the score, its threshold, the
+    statistics of the pooled features), checked for shapes; None for a checkpoint without one: it never says
+    unknown."""
+    record = ckpt.get("unknown")
+    if record is None:
+        return None
+    stats = record.get("stats") if isinstance(record, dict) else None
+    threshold = record.get("threshold") if isinstance(record, dict) else None
+    if not isinstance(record.get("score") if stats is not None else None, str) or not isinstance(threshold, float):
+        raise CheckpointError(f"{path}: its 'unknown' record has no score name, threshold and statistics")
+    d, c = cfg.embed_dim, cfg.num_classes
+    shapes = {"means": (c, d), "precision": (d, d), "background_mean": (d,), "background_precision": (d, d)}
+    for key, value in stats.items():
+        want = shapes.get(key)
+        if not isinstance(value, torch.Tensor) or (want and tuple(value.shape) != want) or value.shape[-1] != d:
+            raise CheckpointError(f"{path}: unknown statistics {key!r} do not fit a {d}-wide model of {c} classes")
+    return record
+
+
 MAX_IMG_SIZE = 4096  # a side beyond any ViT recipe: a checkpoint asking more would make predict allocate gigabytes
 
 
@@ -97,6 +117,7 @@ def load_model(path: str | Path) -> tuple[VisionTransformer, dict]:
         raise CheckpointError(f"{path}: hyper-parameters do not build a model ({e})") from None
     hparams = {**hparams, "img_size": cfg.img_size, "in_chans": cfg.in_chans, "arch": cfg.to_dict()}
     hparams["temperature"] = temperature_of(ckpt, path)
+    hparams["unknown"] = unknown_of(ckpt, path, cfg)
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     try:
         model.load_state_dict(state)

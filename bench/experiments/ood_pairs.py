@@ -1,0 +1,64 @@
+"""Unknown-image scores on development pairs: a checkpoint, its own validation split, and folders of other images.
+
+    python bench/experiments/ood_pairs.py OUT.jsonl --ckpt CKPT --ood far:DIR near:DIR ...
+
+For a checkpoint trained before rejection existed, the statistics are made first, as `vit-train fit` makes them at
+its end (vit/evaluation/after_fit.py's unknown_after_fit on the training data its record names, on a copy of the
+file); then `vit-eval --split val --ood DIR` scores every candidate against each folder. One row per folder:
+AUROC and FPR at 95% TPR of each score, the share of the validation split the default rejects, and the accuracy on
+what it accepts. docs/evaluation.md, "Unknown images", has the table.
+"""
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from vit.commands.eval import main as eval_main
+from vit.commands.eval import training_data
+from vit.data.folder import ImageFolderDataModule
+from vit.evaluation.after_fit import unknown_after_fit
+from vit.model.checkpoint import load_checkpoint
+
+
+def with_statistics(ckpt: Path, folder: Path) -> Path:
+    """A copy of `ckpt` holding the rejection record (made from its own training and validation data)."""
+    copy = folder / ckpt.name
+    shutil.copy(ckpt, copy)
+    raw = load_checkpoint(copy)
+    hp, record = raw["hyper_parameters"], raw["data"]
+    if record["class_path"].endswith("ImageFolderDataModule"):  # decoded into memory: the training features
+        args = {**record["init_args"], "in_memory": True, "mean": hp["mean"], "std": hp["std"]}
+        dm = ImageFolderDataModule(**args)
+    else:
+        dm = training_data(str(copy), raw, hp)
+    dm.setup("fit")
+    print(unknown_after_fit([str(copy)], dm, torch.device("cpu")), file=sys.stderr)
+    return copy
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--ood", nargs="+", required=True, help="KIND:DIR, e.g. far:mnist_val near:other_classes")
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = with_statistics(Path(a.ckpt), Path(tmp))
+        for spec in a.ood:
+            kind, _, folder = spec.partition(":")
+            out = Path(tmp, "eval")
+            assert eval_main(["--ckpt", str(ckpt), "--split", "val", "--ood", folder, "--out", str(out)]) == 0
+            metrics = json.loads((out / "metrics.json").read_text())
+            row = {"ckpt": a.ckpt, "kind": kind, "ood": folder, "top1": metrics["top1"], "unknown": metrics.get("unknown"),
+                   "ood_scores": metrics["ood"]}  # fmt: skip
+            with open(a.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()

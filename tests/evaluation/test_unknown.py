@@ -1,0 +1,139 @@
+"""Saying "unknown" (vit/evaluation/unknown.py): the scores against references, the threshold stored after fit on the
+validation set, and every output that carries it (vit-predict table/JSON/CSV, vit-eval, the ONNX sidecar); older
+checkpoints never say unknown."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vit.commands.eval import main as eval_main
+from vit.commands.export import main as export_main
+from vit.commands.predict import main as predict_main
+from vit.evaluation.unknown import (
+    ACCEPT,
+    DEFAULT_SCORE,
+    Rejector,
+    accept_threshold,
+    auroc,
+    feature_stats,
+    fpr_at_tpr,
+    unknown_scores,
+)
+from vit.model.checkpoint import CheckpointError, load_checkpoint, load_model
+
+
+def test_each_score_against_a_reference_and_far_points_are_told_apart():
+    g = torch.Generator().manual_seed(0)
+    means = torch.tensor([[3.0, 0.0, 0.0], [-3.0, 0.0, 0.0]])
+    targets = torch.arange(2).repeat(500)
+    feats = means[targets] + torch.randn(1000, 3, generator=g) * torch.tensor([1.0, 0.5, 2.0])
+    stats = feature_stats(feats, targets, 2)
+    x = torch.tensor([[1.0, 2.0, -1.0]])
+    logits = torch.tensor([[2.0, 0.5]])
+    s = unknown_scores(logits, x, stats)
+    # Mahalanobis: the nearest class mean under the inverse of the shared (within-class) covariance
+    centred = feats - stats["means"][targets]
+    inv = torch.linalg.inv(centred.T @ centred / len(feats))
+    d = torch.stack([(x[0] - m) @ inv @ (x[0] - m) for m in stats["means"]])
+    bg = (x[0] - feats.mean(0)) @ torch.linalg.inv(torch.cov(feats.T, correction=0)) @ (x[0] - feats.mean(0))
+    torch.testing.assert_close(s["mahalanobis"], -d.min()[None], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(s["relative_mahalanobis"], -(d - bg).min()[None], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(s["energy"], torch.logsumexp(logits, -1))
+    torch.testing.assert_close(s["msp"], logits.softmax(-1).max(-1).values)
+    # far points: every feature score tells them apart; the threshold accepts 95% of the in-distribution points
+    far = torch.randn(200, 3, generator=g) * 0.5 + torch.tensor([0.0, 8.0, 0.0])
+    inside = unknown_scores(torch.zeros(1000, 2), feats, stats)
+    outside = unknown_scores(torch.zeros(200, 2), far, stats)
+    # (the relative form discounts what the whole set's Gaussian also finds far: weaker on points this far out)
+    for name, least in (("mahalanobis", 0.99), ("relative_mahalanobis", 0.95), ("knn", 0.99)):
+        assert auroc(inside[name], outside[name]) > least and fpr_at_tpr(inside[name], outside[name]) < 0.2, name
+        assert (inside[name] >= accept_threshold(inside[name])).double().mean() == pytest.approx(ACCEPT, abs=0.002)
+    assert auroc(torch.tensor([2.0, 3.0]), torch.tensor([0.0, 1.0])) == 1.0
+    assert auroc(torch.tensor([0.0, 1.0]), torch.tensor([2.0, 3.0])) == 0.0
+
+
+def _noise_folder(folder, n=24, size=32):
+    folder.mkdir(exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(folder / f"noise{i}.png")
+    return folder
+
+
+def test_fit_stores_a_threshold_that_accepts_95_percent_of_validation(smoke_run, smoke_ckpt, tmp_path, capsys):
+    model, hp = load_model(smoke_ckpt)
+    record = hp["unknown"]
+    assert record["score"] == DEFAULT_SCORE and record["accept"] == ACCEPT
+    assert set(record["thresholds"]) == {"msp", "max_logit", "energy", "mahalanobis", "relative_mahalanobis", "knn"}
+    assert record["stats"]["means"].shape == (10, model.cfg.embed_dim)
+    # vit-eval on the same validation split: 5% rejected (the threshold's quantile), every class reported
+    assert eval_main(["--ckpt", str(smoke_ckpt), "--split", "val", "--out", str(tmp_path / "ev"),
+                      "--ood", str(_noise_folder(tmp_path / "noise"))]) == 0  # fmt: skip
+    metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
+    rejected = metrics["unknown"]["rejected"]
+    assert abs(rejected - (1 - ACCEPT)) <= 1.5 / metrics["n"] + 1e-9, rejected
+    assert len(metrics["unknown"]["rejected_per_class"]) == 10
+    ood = metrics["ood"]
+    assert set(ood) >= {"msp", "energy", "relative_mahalanobis", "knn", "rejected_by_the_checkpoint"}
+    assert all(0 <= r["auroc"] <= 1 and 0 <= r["fpr_at_95_tpr"] <= 1 for r in ood.values() if isinstance(r, dict))
+    assert "--ood: score" in capsys.readouterr().out
+
+
+def test_predict_and_the_onnx_export_say_unknown_alike(smoke_ckpt, tmp_path, capsys):
+    noise = _noise_folder(tmp_path / "noise")
+    files = sorted(map(str, noise.glob("*.png")))
+    capsys.readouterr()
+    assert predict_main(["--ckpt", str(smoke_ckpt), "--format", "json", *files]) == 0
+    torch_answers = [r["unknown"] for r in json.loads(capsys.readouterr().out)]
+    assert all(isinstance(u, bool) for u in torch_answers)
+    _, hp = load_model(smoke_ckpt)
+    record = hp["unknown"]
+    assert export_main(["--ckpt", str(smoke_ckpt), "--format", "onnx", "--out", str(tmp_path / "m.onnx")]) == 0
+    sidecar = json.loads((tmp_path / "m.onnx.json").read_text())["unknown"]
+    assert sidecar["score"] == record["score"] and sidecar["threshold"] == record["threshold"]
+    assert np.allclose(sidecar["stats"]["means"], record["stats"]["means"].numpy())
+    capsys.readouterr()
+    assert predict_main(["--onnx", str(tmp_path / "m.onnx"), "--format", "json", *files]) == 0
+    assert [r["unknown"] for r in json.loads(capsys.readouterr().out)] == torch_answers
+    assert predict_main(["--ckpt", str(smoke_ckpt), "--format", "csv", files[0]]) == 0
+    header, row = capsys.readouterr().out.strip().splitlines()
+    assert header.split(",")[-2:] == ["unknown", "error"] and row.split(",")[-2] == str(torch_answers[0]).lower()
+
+
+def test_a_threshold_between_two_images_marks_the_lower_one_in_the_table(smoke_ckpt, tmp_path, capsys):
+    from vit.deployment.predict import predict
+
+    files = sorted(map(str, _noise_folder(tmp_path / "noise", n=2).glob("*.png")))
+    model, hp = load_model(smoke_ckpt)
+    # the maximum of the raw softmax (score "msp") of each image
+    msp = [r["predictions"][0]["prob"] for r in predict(model, files, hp, raw_probs=True, progress=False)]
+    assert msp[0] != msp[1]
+    ckpt = load_checkpoint(smoke_ckpt)
+    ckpt["unknown"] = {**ckpt["unknown"], "score": "msp", "threshold": float(sum(msp) / 2), "stats": {}}
+    torch.save(ckpt, tmp_path / "split.ckpt")
+    capsys.readouterr()
+    assert predict_main(["--ckpt", str(tmp_path / "split.ckpt"), *files]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [("UNKNOWN" in row) for row in rows] == [m == min(msp) for m in msp]
+    assert Rejector({"score": "msp", "threshold": 0.6, "stats": {}})(
+        torch.tensor([[9.0, 0.0], [0.0, 0.0]]), None
+    ).tolist() == [False, True]
+
+
+def test_old_checkpoints_never_say_unknown_and_a_broken_record_is_one_line(smoke_ckpt, tmp_path, capsys):
+    ckpt = load_checkpoint(smoke_ckpt)
+    del ckpt["unknown"]
+    torch.save(ckpt, tmp_path / "old.ckpt")
+    files = sorted(map(str, _noise_folder(tmp_path / "noise", n=4).glob("*.png")))
+    capsys.readouterr()
+    assert predict_main(["--ckpt", str(tmp_path / "old.ckpt"), "--format", "json", *files]) == 0
+    assert [r["unknown"] for r in json.loads(capsys.readouterr().out)] == [False] * 4
+    ckpt["unknown"] = {"score": "knn", "threshold": 0.5, "stats": {"bank": torch.zeros(3, 7)}}
+    torch.save(ckpt, tmp_path / "bad.ckpt")
+    with pytest.raises(CheckpointError, match=r"bad.ckpt: unknown statistics 'bank' do not fit a \d+-wide model"):
+        load_model(tmp_path / "bad.ckpt")
+    shutil.rmtree(tmp_path / "noise")

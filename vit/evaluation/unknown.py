@@ -1,0 +1,193 @@
+"""Saying "unknown": post-hoc scores of how much an image looks like the training data, one forward pass each.
+
+    feats, logits = pooled_features(model, x)                       # (B, D) pooled features, (B, C) logits
+    stats = feature_stats(train_feats, train_targets, num_classes)  # class means, shared precision, background, bank
+    s = unknown_scores(logits, feats, stats)                        # {name: (B,)}, higher = more like the training data
+    t = accept_threshold(s_val["energy"])                           # accepts 95% of the validation images
+    auroc(s_in, s_out), fpr_at_tpr(s_in, s_out)                     # how well a score tells them from others
+
+The candidates are OpenOOD v1.5's one-pass post-hoc family: the maximum softmax probability (Hendrycks & Gimpel
+2017), the maximum logit (Hendrycks et al. 2022), the energy (Liu et al. 2020), the Mahalanobis distance to the
+nearest class mean under a shared covariance of the pooled features (Lee et al. 2018), its relative form that
+subtracts the distance to the whole training set's Gaussian (Ren et al. 2021), and the distance to the K-th nearest
+training feature after L2 normalisation (Sun et al. 2022). Which one a checkpoint uses is measured in
+docs/evaluation.md ("Unknown images"); the statistics every candidate needs are kept, so vit-eval --ood compares them.
+"""
+
+import torch
+import torch.nn.functional as F
+from torchmetrics.functional.classification import binary_auroc
+
+SCORES = ("msp", "max_logit", "energy", "mahalanobis", "relative_mahalanobis", "knn")
+FEATURE_SCORES = ("mahalanobis", "relative_mahalanobis", "knn")
+# KNN: the K-th neighbour among a bank of at most BANK training features (Sun et al. use K=50 on CIFAR-10's 50,000
+# images; a bank of 2,000 keeps a 384-wide checkpoint 3 MB larger); a smaller bank scales K down with it.
+BANK, KNN_K = 2000, 50
+# The share of in-distribution (validation) images the threshold accepts: the convention of FPR@95%TPR.
+ACCEPT = 0.95
+# The score a checkpoint applies (docs/evaluation.md, "Unknown images": measured on far and near pairs).
+DEFAULT_SCORE = "relative_mahalanobis"
+
+
+def pooled_features(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, C, H, W) -> the pooled features the head reads (B, D) and the logits (B, num_classes), one forward (an
+    exported model, vit.deployment.onnx_model, gives both from its two outputs)."""
+    if hasattr(model, "features_and_logits"):
+        return model.features_and_logits(x)
+    feats = model.forward_head(model.forward_features(x), pre_logits=True)
+    return feats, model.head(feats)
+
+
+@torch.no_grad()
+def features_of(model, batches, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pooled features, logits and targets of (images, targets) batches, on the CPU in float32."""
+    model = model.to(device).eval()
+    feats, logits, targets = [], [], []
+    for x, y in batches:
+        f, z = pooled_features(model, x.to(device))
+        feats.append(f.float().cpu())
+        logits.append(z.float().cpu())
+        targets.append(y.cpu())
+    return torch.cat(feats), torch.cat(logits), torch.cat(targets)
+
+
+def _precision(centred: torch.Tensor) -> torch.Tensor:
+    """The (pseudo-)inverse of the covariance of centred features (N, D): (D, D), float64 for the inverse."""
+    cov = centred.double().T @ centred.double() / max(1, len(centred))
+    return torch.linalg.pinv(cov, hermitian=True).float()
+
+
+def feature_stats(feats: torch.Tensor, targets: torch.Tensor, num_classes: int, seed: int = 0) -> dict:
+    """What the feature scores need, from the training images' pooled features (N, D) and classes (N,): class means
+    (C, D) and their shared precision (D, D); the whole set's mean (D,) and precision; a bank of at most BANK
+    L2-normalised features (K, D). A class without images gets the overall mean."""
+    feats = feats.float()
+    overall = feats.mean(0)
+    means = torch.stack([feats[targets == c].mean(0) if (targets == c).any() else overall for c in range(num_classes)])
+    pick = torch.randperm(len(feats), generator=torch.Generator().manual_seed(seed))[:BANK]
+    return {
+        "means": means,
+        "precision": _precision(feats - means[targets]),
+        "background_mean": overall,
+        "background_precision": _precision(feats - overall),
+        "bank": F.normalize(feats[pick], dim=-1),
+    }
+
+
+def _squared_distances(feats: torch.Tensor, means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
+    """(N, D) features, (M, D) means -> (N, M) squared Mahalanobis distances under one precision."""
+    fp = feats @ precision
+    return (fp * feats).sum(-1, keepdim=True) - 2 * fp @ means.T + ((means @ precision) * means).sum(-1)[None]
+
+
+def unknown_scores(logits: torch.Tensor, feats: torch.Tensor | None, stats: dict | None, names=SCORES) -> dict:
+    """{score name: (N,)}, higher meaning more like the training data, for each of `names` that the inputs allow
+    (the feature scores need `feats` and `stats`)."""
+    logits = logits.float()
+    out = {}
+    if "msp" in names:
+        out["msp"] = logits.softmax(-1).amax(-1)
+    if "max_logit" in names:
+        out["max_logit"] = logits.amax(-1)
+    if "energy" in names:
+        out["energy"] = torch.logsumexp(logits, -1)  # minus the free energy at temperature 1
+    if feats is None or not stats:
+        return out
+    feats = feats.float()
+    if {"mahalanobis", "relative_mahalanobis"} & set(names):
+        d = _squared_distances(feats, stats["means"], stats["precision"])  # (N, C)
+        if "mahalanobis" in names:
+            out["mahalanobis"] = -d.amin(-1)
+        if "relative_mahalanobis" in names:
+            bg = _squared_distances(feats, stats["background_mean"][None], stats["background_precision"])  # (N, 1)
+            out["relative_mahalanobis"] = -(d - bg).amin(-1)
+    if "knn" in names:
+        bank = stats["bank"]
+        k = max(1, round(KNN_K * len(bank) / BANK))
+        sims = torch.cat([F.normalize(f, dim=-1) @ bank.T for f in feats.split(4096)])  # (N, K_bank)
+        out["knn"] = sims.topk(k, dim=-1).values[:, -1]  # cosine similarity of the K-th neighbour
+    return out
+
+
+def accept_threshold(scores: torch.Tensor, accept: float = ACCEPT) -> float:
+    """The score above which `accept` of these (in-distribution) images lie."""
+    return float(torch.quantile(scores.double(), 1 - accept))
+
+
+def auroc(inside: torch.Tensor, outside: torch.Tensor) -> float:
+    """Area under the ROC curve of telling `inside` (positive) from `outside` images by the score."""
+    scores = torch.cat([inside, outside]).double()
+    labels = torch.cat([torch.ones(len(inside)), torch.zeros(len(outside))]).long()
+    return float(binary_auroc(scores, labels))
+
+
+def fpr_at_tpr(inside: torch.Tensor, outside: torch.Tensor, tpr: float = ACCEPT) -> float:
+    """The share of `outside` images accepted at the threshold that accepts `tpr` of the `inside` ones."""
+    return float((outside >= accept_threshold(inside, tpr)).double().mean())
+
+
+class Rejector:
+    """A checkpoint's rejection (its "unknown" record, vit.model.checkpoint.unknown_of; None: never unknown):
+    `rejector(logits, feats)` -> (B,) bool, True where the image scores below the stored threshold."""
+
+    def __init__(self, record: dict | None):
+        self.record = record
+        self.score = record["score"] if record else None
+        self.needs_features = self.score in FEATURE_SCORES
+
+    def __call__(self, logits: torch.Tensor, feats: torch.Tensor | None) -> torch.Tensor:
+        if self.record is None:
+            return torch.zeros(len(logits), dtype=torch.bool)
+        feats = feats.cpu() if feats is not None else None
+        s = unknown_scores(logits.cpu(), feats, self.record["stats"], names=(self.score,))[self.score]
+        return s < self.record["threshold"]
+
+
+def rejection_report(logits: torch.Tensor, feats: torch.Tensor | None, targets: torch.Tensor, record: dict | None,
+                     classes: list[str]) -> dict | None:  # fmt: skip
+    """What a checkpoint's rejection does to a labelled set: the share rejected, overall and per class, and the
+    accuracy on the images it accepts; None without a rejection record."""
+    if record is None:
+        return None
+    unknown = Rejector(record)(logits, feats)
+    correct = logits.argmax(-1).cpu() == targets.cpu()
+    accepted = ~unknown
+    per_class = {
+        name: float(unknown[targets == c].double().mean()) if (targets == c).any() else None
+        for c, name in enumerate(classes)
+    }
+    return {
+        "score": record["score"],
+        "threshold": record["threshold"],
+        "rejected": float(unknown.double().mean()),
+        "rejected_per_class": per_class,
+        "accuracy_accepted": float(correct[accepted].double().mean()) if accepted.any() else None,
+        "accuracy_all": float(correct.double().mean()),
+    }
+
+
+def ood_report(inside: dict, outside: dict, record: dict | None) -> dict:
+    """Every score's AUROC and FPR at 95% TPR for telling `inside` ({score: (N,)}, the labelled set) from `outside`
+    (a folder of other images), and the share of `outside` the checkpoint's own threshold rejects."""
+    report = {
+        name: {"auroc": auroc(inside[name], outside[name]), "fpr_at_95_tpr": fpr_at_tpr(inside[name], outside[name])}
+        for name in inside
+        if name in outside
+    }
+    if record is not None and record["score"] in outside:
+        report["rejected_by_the_checkpoint"] = float((outside[record["score"]] < record["threshold"]).double().mean())
+    return report
+
+
+class FeatureTap(torch.nn.Module):
+    """Called like the model (images -> logits), keeping the pooled features of every call on the CPU: one pass over
+    a set gives the logits to a scorer (vit.evaluation.report.score) and the features to rejection."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.feats = model, []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        feats, logits = pooled_features(self.model, x)
+        self.feats.append(feats.float().cpu())
+        return logits
