@@ -25,6 +25,7 @@ import torch
 from PIL import Image
 
 from vit.commands.predict import main as predict_main
+from vit.model.checkpoint import load_model
 
 # one worker runs this file under `make test` (--dist loadgroup): its server is started once, not per worker
 pytestmark = pytest.mark.xdist_group("serve")
@@ -194,7 +195,8 @@ def test_raw_1_serves_the_softmax_without_the_calibration_temperature(server, sm
     np.testing.assert_allclose([p["prob"] for p in answer["predictions"]], [p["prob"] for p in raw], atol=1e-5)
     _, calibrated = upload(server, images[0].read_bytes(), "topk=10")
     assert calibrated["predictions"][0]["prob"] != pytest.approx(raw[0]["prob"], abs=1e-4)  # T was fitted != 1
-    assert request(f"{server}/info")[1]["model"]["temperature"] != 1.0
+    info = request(f"{server}/info")[1]["model"]
+    assert info["temperature"] != 1.0 and info["unknown"]["score"] == load_model(smoke_ckpt)[1]["unknown"]["score"]
 
 
 def test_relevance_map_comes_as_a_png_overlay_of_the_predicted_class(server, images):

@@ -14,6 +14,7 @@ from bench.digits_folder import write_digits_folder
 from vit.model.config import ViTConfig
 from vit.planning.fine_tune_plan import FT_LAYER_DECAY, FT_LR_PER_256, FT_MIN_EPOCHS, make_fine_tune_plan
 from vit.planning.fingerprint import Fingerprint
+from vit.planning.plan import LR, PHOTO_LR
 
 # A ViT-S/16 at 224 px, as the weights would say it (the config after vit/planning/fine_tune.py).
 VIT_S = ViTConfig(img_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6, global_pool="token").to_dict()
@@ -46,6 +47,15 @@ def test_a_fine_tune_keeps_the_weights_model_and_plans_its_lr_and_layer_decay():
     assert "turns on" in rows["augmentation"][0]  # the data's rules stay the from-scratch plan's
 
 
+def test_weights_narrower_than_vit_s_fine_tune_at_the_plans_lr_without_layer_decay():
+    small = ViTConfig(img_size=28, patch_size=7, embed_dim=64, depth=3, num_heads=2).to_dict()
+    p = make_fine_tune_plan(fp(side=28), CPU2, None, 3.0, slow_by_tokens, arch=small, source="mine.ckpt")
+    assert p.overrides["model.lr"] == LR and p.overrides["model.layer_decay"] is None
+    assert "measured here" in dict((name, why) for name, _, why in p.rows)["fine-tune"]
+    photos = make_fine_tune_plan(fp(side=300), CPU2, None, 3.0, slow_by_tokens, arch=small, source="mine.ckpt")
+    assert photos.overrides["model.lr"] == PHOTO_LR  # the photo plan's own
+
+
 def test_the_budget_keeps_the_weights_resolution_only_where_it_buys_enough_epochs():
     roomy = plan(budget=3 * 3600)
     assert roomy.overrides["data.init_args.img_size"] == 224
@@ -74,10 +84,10 @@ def test_a_budgeted_fine_tune_of_a_timm_file_is_planned_and_saved(digits_folder,
     cli = train.main(["fit", "--data.root", str(digits_folder), "--model.init_from", str(folder), *flags])
     hp = cli.model.hparams
     assert (hp.arch["embed_dim"], hp.arch["depth"], hp.arch["num_heads"]) == (48, 2, 2)  # not a planned candidate
-    assert hp.layer_decay == FT_LAYER_DECAY and hp.lr == pytest.approx(FT_LR_PER_256 * cli.datamodule.batch_size / 256)
+    assert hp.layer_decay is None and hp.lr == LR  # 48 wide: the from-scratch plan's lr, measured here
     assert cli.datamodule.img_size == 32
     saved = next(in_tmp.glob("logs/*/version_0/plan.yaml")).read_text()
-    assert "fine-tune" in saved and "layer_decay: 0.75" in saved
+    assert "fine-tune" in saved and "(the from-scratch plan's), no layer decay" in saved
 
 
 def test_a_large_model_is_timed_on_a_small_batch_and_a_small_one_on_the_plans():

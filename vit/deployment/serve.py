@@ -334,4 +334,6 @@ def server_info(ckpt: str | Path, hparams: dict) -> dict:
         "arch": hparams["arch"],
         "checkpoint": Path(ckpt).name,  # the file's name only: where it lives on the server is no client's business
         "temperature": hparams.get("temperature", 1.0),  # probabilities are softmax(logits / temperature); ?raw=1
+        # the score that says "unknown" (vit/evaluation/unknown.py) and its threshold; null: never unknown
+        "unknown": {k: hparams["unknown"][k] for k in ("score", "threshold")} if hparams.get("unknown") else None,
     }
