@@ -101,7 +101,10 @@ def test_table_and_csv(ckpt, images, tmp_path, capsys):
     code, out, _ = _run(capsys, "--ckpt", ckpt, "--format", "csv", "--topk", "2", "--output", target, images)
     assert out == "" and code == 1
     rows = list(csv.DictReader(target.open()))
-    assert list(rows[0]) == ["path", "label1", "prob1", "label2", "prob2", "error"]
+    assert list(rows[0]) == ["path", "label1", "prob1", "label2", "prob2", "unknown", "error"]
+    assert {r["unknown"] for r in rows if r["label1"]} <= {"true", "false"} and not any(
+        r["unknown"] for r in rows if r["error"]
+    )
     assert sum(1 for r in rows if r["error"]) == 5 and sum(1 for r in rows if r["label1"]) == 6
 
 

@@ -79,7 +79,8 @@ def test_a_budgeted_fine_tune_of_a_timm_file_is_planned_and_saved(digits_folder,
     folder.mkdir()
     save_file({k: v.contiguous() for k, v in src.state_dict().items()}, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps({"model_args": {"num_heads": 2}}))
-    flags = ["--budget", "40s", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2"]
+    # the budget counts from the process's start (pytest's, minutes ago): an hour leaves room; the epochs are fixed
+    flags = ["--budget", "1h", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2"]
     flags += ["--trainer.enable_progress_bar", "false", "--attention_maps.every_n_epochs", "0"]
     cli = train.main(["fit", "--data.root", str(digits_folder), "--model.init_from", str(folder), *flags])
     hp = cli.model.hparams
