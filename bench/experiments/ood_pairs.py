@@ -46,9 +46,17 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--ckpt", required=True)
     p.add_argument("--ood", nargs="+", required=True, help="KIND:DIR, e.g. far:mnist_val near:other_classes")
+    p.add_argument("--heldout", help="a labelled <class>/<image> folder no part of the run saw: the share rejected")
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = with_statistics(Path(a.ckpt), Path(tmp))
+        if a.heldout:
+            out = Path(tmp, "heldout")
+            assert eval_main(["--ckpt", str(ckpt), a.heldout, "--out", str(out)]) in (0, 1)
+            metrics = json.loads((out / "metrics.json").read_text())
+            with open(a.out, "a") as f:
+                f.write(json.dumps({"ckpt": a.ckpt, "kind": "heldout", "top1": metrics["top1"],
+                                    "unknown": metrics["unknown"]}) + "\n")  # fmt: skip
         for spec in a.ood:
             kind, _, folder = spec.partition(":")
             out = Path(tmp, "eval")
