@@ -2,10 +2,9 @@
 
 import torch
 import torch.nn.functional as F
-from torchvision.transforms import v2
 
 from vit.data.base import ImageClassificationData, TensorImageDataset, channel_mean_std
-from vit.data.transforms import train_transform
+from vit.data.transforms import to_normalized, train_transform
 
 
 class DigitsDataModule(ImageClassificationData):
@@ -50,7 +49,7 @@ class DigitsDataModule(ImageClassificationData):
         self.val_set = TensorImageDataset(
             images[val_idx],
             targets[val_idx],
-            v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]),
+            to_normalized(self.mean, self.std),
         )
         self.memory = {"train": (images[train_idx], targets[train_idx]), "val": (images[val_idx], targets[val_idx])}
         self.crop_padding = crop_padding

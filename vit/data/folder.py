@@ -10,7 +10,6 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torchvision import datasets
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
-from torchvision.transforms import v2
 
 from vit.data.base import ImageClassificationData, TensorImageDataset, channel_mean_std, given_mean_std
 from vit.data.files import split_folders
@@ -21,6 +20,7 @@ from vit.data.transforms import (
     batch_policy,
     check_crop_scale,
     eval_transform,
+    to_normalized,
     train_transform,
 )
 
@@ -252,7 +252,7 @@ class ImageFolderDataModule(ImageClassificationData):
         if self.train_set is not None:
             return
         if self.in_memory:  # per-item views of the decoded tensors (the loaders use the tensors directly)
-            to_float = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)])
+            to_float = to_normalized(self.mean, self.std)
             self.train_set = TensorImageDataset(*self.memory["train"], self.train_tf)
             self.val_set = TensorImageDataset(*self.memory["val"], to_float)
         else:

@@ -19,13 +19,12 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torchvision import datasets
-from torchvision.transforms import v2
 
 from vit.data.base import ImageClassificationData, TensorImageDataset, channel_mean_std, given_mean_std
 from vit.data.cifar import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD
 from vit.data.files import TRAIN_DIRS, VAL_DIRS, first_idx_problem
 from vit.data.folder import decode_images
-from vit.data.transforms import AutoAugment, DataError, batch_policy, check_crop_scale
+from vit.data.transforms import AutoAugment, DataError, batch_policy, check_crop_scale, to_normalized
 
 # name -> (torchvision class, how to ask for the training and the validation split). The names are timm's
 # (timm.data.dataset_factory: cifar10, cifar100, mnist, kmnist, fashion_mnist, qmnist, inaturalist, places365,
@@ -183,7 +182,7 @@ class TorchvisionDataModule(ImageClassificationData):
         self.memory = {"train": (train_x, train_y), "val": (val_x, val_y)}
         self.crop_padding, self.hflip, self.rot90, self.erasing = crop_padding, hflip, rot90, random_erasing
         self.auto_augment = batch_policy(auto_augment, autoaugment_policy)
-        to_float = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)])
+        to_float = to_normalized(self.mean, self.std)
         self.train_set = TensorImageDataset(train_x, train_y, to_float)  # per-item views; the loaders use the tensors
         self.val_set = TensorImageDataset(val_x, val_y, to_float)
 

@@ -94,6 +94,12 @@ def batch_policy(name: AutoAugment, autoaugment_policy: str = "imagenet") -> Bat
     return BatchAutoAugment(f"autoaugment_{autoaugment_policy}" if name == "autoaugment" else name)
 
 
+def to_normalized(mean, std) -> v2.Compose:
+    """uint8 images -> float, scaled to [0, 1] and normalised: the per-item form of the in-memory sets (their batches
+    take DeviceBatches' fused version of the same on the device)."""
+    return v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+
+
 def eval_transform(img_size: int, mean, std) -> v2.Compose:
     """Evaluation and predict preprocessing: eval_geometry, then scale to [0, 1] and normalise."""
-    return v2.Compose([eval_geometry(img_size), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+    return v2.Compose([eval_geometry(img_size), *to_normalized(mean, std).transforms])
