@@ -52,6 +52,13 @@ def test_each_score_against_a_reference_and_far_points_are_told_apart():
     for name, least in (("mahalanobis", 0.99), ("relative_mahalanobis", 0.95), ("knn", 0.99)):
         assert auroc(inside[name], outside[name]) > least and fpr_at_tpr(inside[name], outside[name]) < 0.2, name
         assert (inside[name] >= accept_threshold(inside[name])).double().mean() == pytest.approx(ACCEPT, abs=0.002)
+    # features in a subspace (a LayerNorm-ed model's: here the third coordinate is minus the sum of the others) still
+    # give distances, not the noise of inverting a zero variance
+    flat = torch.cat([feats[:, :2], -feats[:, :2].sum(-1, keepdim=True)], dim=-1)
+    far_flat = torch.cat([far[:, :2], -far[:, :2].sum(-1, keepdim=True)], dim=-1)
+    stats_flat = feature_stats(flat, targets, 2)
+    inside = unknown_scores(torch.zeros(1000, 2), flat, stats_flat)["mahalanobis"]
+    assert auroc(inside, unknown_scores(torch.zeros(200, 2), far_flat, stats_flat)["mahalanobis"]) > 0.99
     assert auroc(torch.tensor([2.0, 3.0]), torch.tensor([0.0, 1.0])) == 1.0
     assert auroc(torch.tensor([0.0, 1.0]), torch.tensor([2.0, 3.0])) == 0.0
 
