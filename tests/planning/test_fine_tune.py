@@ -3,6 +3,7 @@ weights (vit/planning/fine_tune.py), and a field you set that they contradict is
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import timm
@@ -63,9 +64,10 @@ def test_a_folder_fine_tunes_the_weights_model_without_spelling_it(digits_folder
     assert server.app is not None
     plan = next(in_tmp.glob("logs/*/version_0/plan.yaml"))
     assert str(path) in plan.read_text()
-    flags = [*FLAGS[2:], "--trainer.max_epochs", "2", "--ckpt_path", str(last)]
+    flags = [*FLAGS[2:], "--trainer.max_epochs", "2", "--ckpt_path", "last"]  # the newest last.ckpt of the run
     resumed = train.main(["fit", "--config", str(plan), *flags])
     assert resumed.trainer.current_epoch == 2 and resumed.model.hparams.arch["num_heads"] == 2
+    assert Path(resumed.trainer.ckpt_path).resolve() == last.resolve()  # resumed from it, not trained afresh
 
 
 def test_a_field_that_contradicts_the_weights_is_one_line(digits_folder, weights, in_tmp):
