@@ -39,11 +39,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(ckpt, *flags: str, cwd=None) -> tuple[subprocess.Popen, str]:
+def start_server(ckpt, *flags: str, cwd=None, model_flag="--ckpt") -> tuple[subprocess.Popen, str]:
     """`vit-serve` as a user starts it, on a free loopback port; waits until /health answers."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vit.commands.serve", "--ckpt", str(ckpt), "--port", str(port), *flags],
+        [sys.executable, "-m", "vit.commands.serve", model_flag, str(ckpt), "--port", str(port), *flags],
         cwd=cwd or ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -435,3 +435,24 @@ def test_big_decodes_stay_bounded_and_sigterm_stops_every_process(server, served
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_an_int8_onnx_export_serves_vit_predicts_answers_without_maps(smoke_ckpt, images, tmp_path, capsys):
+    from vit.commands.export import main as export_main
+
+    onnx = tmp_path / "m-int8.onnx"
+    assert export_main(["--ckpt", str(smoke_ckpt), "--format", "onnx", "--quantize", "int8", "--out", str(onnx)]) == 0
+    capsys.readouterr()
+    assert predict_main(["--onnx", str(onnx), "--format", "json", "--topk", "3", *map(str, images[:4])]) == 0
+    expected = json.loads(capsys.readouterr().out)
+    proc, url = start_server(onnx, "--device", "cpu", model_flag="--onnx")
+    try:
+        for path, rec in zip(images[:4], expected):
+            status, answer = upload(url, path.read_bytes(), "topk=3&map=relevance")
+            assert status == 200, answer
+            assert [p["label"] for p in answer["predictions"]] == [p["label"] for p in rec["predictions"]], path
+            assert answer["unknown"] is rec["unknown"] and answer["map"] is None
+        info = request(f"{url}/info")[1]["model"]
+        assert info["arch"] is None and info["classes"][:2] == ["0", "1"] and info["checkpoint"] == onnx.name
+    finally:
+        stop_server(proc)

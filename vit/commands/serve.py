@@ -1,6 +1,7 @@
 """`vit-serve`: a checkpoint behind HTTP (LitServe), with a page to try it at `/`.
 
     vit-serve --ckpt checkpoints/digits/version_0/last.ckpt              # http://127.0.0.1:8000/
+    vit-serve --onnx vit-int8.onnx                                       # an exported model on the CPU (no maps)
     curl -F file=@digit.png 'http://127.0.0.1:8000/predict?topk=3&map=relevance'
 
 POST /predict takes an image (multipart field `file`, or the raw bytes with an image/* content type) and answers the
@@ -18,6 +19,7 @@ import signal
 import sys
 from importlib import resources
 
+from vit.deployment.onnx_model import OnnxError, load_onnx
 from vit.deployment.predict import pick_device
 from vit.model.checkpoint import CheckpointError, load_model
 
@@ -29,12 +31,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vit-serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument(
+    model = ap.add_mutually_exclusive_group(required=True)
+    model.add_argument(
         "--ckpt",
         "--ckpt_path",
         dest="ckpt",
-        required=True,
         help="checkpoint written by train.py (loaded as data, never as code)",
+    )
+    model.add_argument(
+        "--onnx",
+        metavar="FILE",
+        help="a model exported by vit-export (int8 or not) with FILE.json beside it, on the CPU; no maps",
     )
     ap.add_argument(
         "--host",
@@ -74,13 +81,15 @@ def build_server(args: argparse.Namespace):
 
     from vit.deployment.serve import HostCheck, ImageRequests, ViTAPI, allowed_hosts, server_info
 
-    model, hparams = load_model(args.ckpt)  # refuses a pickle-carrying or broken checkpoint before anything starts
-    device = pick_device(args.device).type
-    api = ViTAPI(args.ckpt, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout)
+    source = args.onnx or args.ckpt
+    # refuses a pickle-carrying or broken checkpoint (an ONNX file without its sidecar) before anything starts
+    model, hparams = load_onnx(args.onnx) if args.onnx else load_model(args.ckpt)
+    device = "cpu" if args.onnx else pick_device(args.device).type
+    api = ViTAPI(source, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout, onnx=bool(args.onnx))
     checks = dict(
         path="/predict",
         img_size=hparams["img_size"],
-        in_chans=hparams["in_chans"],
+        in_chans=hparams.get("in_chans", 3),
         num_classes=model.num_classes,
         max_bytes=int(args.max_body_mb * 2**20),
         max_pixels=args.max_pixels,
@@ -90,7 +99,7 @@ def build_server(args: argparse.Namespace):
         accelerator=device,
         devices=1,
         workers_per_device=args.workers,
-        model_metadata=server_info(args.ckpt, hparams),
+        model_metadata=server_info(source, hparams),
         middlewares=[(ImageRequests, checks), (HostCheck, {"allowed": allowed_hosts(args.host, args.allowed_host)})],
     )
     page = resources.files("vit").joinpath("static", PAGE).read_text()
@@ -118,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error("--max-batch-size and --workers must be >= 1, --batch-timeout >= 0, --max-body-mb > 0")
     try:
         server = build_server(args)
-    except CheckpointError as e:
+    except (CheckpointError, OnnxError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not is_loopback(args.host):

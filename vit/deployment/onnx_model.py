@@ -66,4 +66,5 @@ def load_onnx(path: str | Path) -> tuple[OnnxClassifier, dict]:
             raise OnnxError(f"{path}: its sidecar rejects by {unknown['score']}, the graph has no features output")
         unknown = {**unknown, "threshold": float(unknown["threshold"])}
         unknown["stats"] = {k: torch.tensor(v, dtype=torch.float32) for k, v in unknown["stats"].items()}
-    return model, {**hparams, "unknown": unknown}
+    names = hparams.get("class_names") or [str(i) for i in range(model.num_classes)]
+    return model, {**hparams, "unknown": unknown, "class_names": names}

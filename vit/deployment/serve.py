@@ -27,6 +27,7 @@ from PIL import Image
 from starlette.requests import Request
 
 from vit.data.images import describe, image_at, read_image
+from vit.deployment.onnx_model import load_onnx
 from vit.deployment.predict import channel_stats, class_names, map_and_logits, normalize, top_k
 from vit.evaluation.attention_maps import denormalize, overlay
 from vit.evaluation.unknown import Rejector, pooled_features
@@ -271,17 +272,17 @@ class ViTAPI(ls.LitAPI):
     """LitServe's side of vit-serve: loads the checkpoint (as data, never code) on its device, classifies batches of
     decoded images, and draws the class-specific relevance (or rollout) of the predicted class where asked."""
 
-    def __init__(self, ckpt: str | Path, max_batch_size: int = 32, batch_timeout: float = 0.01):
+    def __init__(self, ckpt: str | Path, max_batch_size: int = 32, batch_timeout: float = 0.01, onnx: bool = False):
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
-        self.ckpt = str(ckpt)
+        self.ckpt, self.onnx = str(ckpt), onnx  # onnx: `ckpt` is an exported model (vit/deployment/onnx_model.py)
         self.batches: list[int] = []  # batch sizes seen, for tests and the bench (in the worker process)
 
     def setup(self, device: str) -> None:
-        self.model, self.hparams = load_model(self.ckpt)
+        self.model, self.hparams = load_onnx(self.ckpt) if self.onnx else load_model(self.ckpt)
         self.model = self.model.to(device).eval()
         self.device = torch.device(device)
         self.names = class_names(self.model, self.hparams)
-        self.shape = (self.hparams["in_chans"], self.hparams["img_size"], self.hparams["img_size"])
+        self.shape = (self.hparams.get("in_chans", 3), self.hparams["img_size"], self.hparams["img_size"])
         self.mean, self.std = channel_stats(self.hparams, self.device)  # once, on the device
         self.reject = Rejector(self.hparams.get("unknown"))
 
@@ -311,7 +312,7 @@ class ViTAPI(ls.LitAPI):
         ]
         for kind in MAPS[1:]:
             idx = [i for i, (_, _, m, _) in enumerate(items) if m == kind]
-            if idx:
+            if idx and not self.onnx:  # an ONNX graph has no attention to read: "map" stays null
                 for i, picture in zip(idx, map_overlays(self.model, x[idx], self.hparams, kind)):
                     out[i]["map"] = picture
         return out
@@ -328,10 +329,10 @@ def server_info(ckpt: str | Path, hparams: dict) -> dict:
     return {
         "classes": hparams.get("class_names") or [str(i) for i in range(hparams["arch"]["num_classes"])],
         "img_size": hparams["img_size"],
-        "in_chans": hparams["in_chans"],
+        "in_chans": hparams.get("in_chans", 3),
         "mean": list(hparams["mean"]),
         "std": list(hparams["std"]),
-        "arch": hparams["arch"],
+        "arch": hparams.get("arch"),  # null for an ONNX model: its sidecar describes the input, not the blocks
         "checkpoint": Path(ckpt).name,  # the file's name only: where it lives on the server is no client's business
         "temperature": hparams.get("temperature", 1.0),  # probabilities are softmax(logits / temperature); ?raw=1
         # the score that says "unknown" (vit/evaluation/unknown.py) and its threshold; null: never unknown
