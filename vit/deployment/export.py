@@ -42,7 +42,7 @@ def export(
     if fmt == "onnx":
         batch = torch.export.Dim("batch", min=1, max=4096)
         program = torch.onnx.export(
-            LogitsAndFeatures(model),
+            LogitsAndFeatures(model).eval(),
             (example,),
             dynamo=True,
             input_names=["images"],
