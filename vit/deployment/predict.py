@@ -24,7 +24,7 @@ from vit.evaluation.attention_maps import (
     relevance,
 )
 from vit.evaluation.calibration import probabilities
-from vit.evaluation.unknown import Rejector, pooled_features
+from vit.evaluation.unknown import Rejector
 
 
 class ImageFiles(Dataset):
@@ -158,17 +158,13 @@ def predict(
             if x is None:
                 continue
             x = normalize(x.to(dev, non_blocking=True), mean, std)
-            feats = None
             if attention_out:
                 maps, logits = map_and_logits(model, x, attention_map)
                 for i, picture in zip(idx, overlays(x, maps, hparams)):
                     save_image(picture, Path(attention_out) / f"{i:05d}_{Path(paths[i]).stem}.png")
-                if reject.needs_features:
-                    feats, _ = pooled_features(model, x)
-            elif reject.needs_features:
-                feats, logits = pooled_features(model, x)
+                feats = reject.forward(model, x)[1]  # a second forward only when the score needs the features
             else:
-                logits = model(x)
+                logits, feats = reject.forward(model, x)
             unknown = reject(logits, feats).tolist()
             for i, preds, u in zip(idx, top_k(logits, names, topk, temperature), unknown):
                 records[i]["predictions"], records[i]["unknown"] = preds, u

@@ -30,7 +30,7 @@ from vit.data.images import describe, image_at, read_image
 from vit.deployment.onnx_model import load_onnx
 from vit.deployment.predict import channel_stats, class_names, map_and_logits, normalize, top_k
 from vit.evaluation.attention_maps import denormalize, overlay
-from vit.evaluation.unknown import Rejector, pooled_features
+from vit.evaluation.unknown import Rejector
 from vit.model.checkpoint import load_model
 
 MAPS = ("none", "relevance", "rollout")
@@ -296,12 +296,8 @@ class ViTAPI(ls.LitAPI):
     def predict(self, items: list) -> list[dict]:
         x = torch.stack([pixels for pixels, _, _, _ in items]).to(self.device, non_blocking=True)
         x = normalize(x, self.mean, self.std)  # (B, C, S, S)
-        feats = None
         with torch.inference_mode():
-            if self.reject.needs_features:
-                feats, logits = pooled_features(self.model, x)
-            else:
-                logits = self.model(x)
+            logits, feats = self.reject.forward(self.model, x)
         unknown = self.reject(logits, feats).tolist()  # the checkpoint's rejection; False without one
         k_max = max(k for _, k, _, _ in items)
         calibrated = top_k(logits, self.names, k_max, self.hparams.get("temperature", 1.0))

@@ -14,7 +14,6 @@ from vit.evaluation.scores import balanced_accuracy
 from vit.evaluation.unknown import (
     ACCEPT,
     DEFAULT_SCORE,
-    SCORES,
     accept_threshold,
     feature_stats,
     features_of,
@@ -74,7 +73,7 @@ def unknown_after_fit(paths: list[str], dm: ImageClassificationData, device: tor
     from vit.training.checkpoint_io import AtomicCheckpointIO
 
     train = whole_train_batches(dm)
-    lines = []
+    chosen = []
     for path in dict.fromkeys(paths):  # best and last can be the same file
         model, _ = load_model(path)
         stats = None
@@ -89,8 +88,8 @@ def unknown_after_fit(paths: list[str], dm: ImageClassificationData, device: tor
         ckpt["unknown"] = {"score": score, "threshold": thresholds[score], "accept": ACCEPT,
                            "thresholds": thresholds, "stats": stats or {}}  # fmt: skip
         AtomicCheckpointIO().save_checkpoint(ckpt, path)
-        lines.append(score)
+        chosen.append((score, len(thresholds)))
     return (
-        f"unknown: {lines[0]} below its threshold says 'unknown' (set to accept {ACCEPT:.0%} of the validation "
-        f"images); {len(SCORES) if train is not None else 3} scores stored for vit-eval --ood"
+        f"unknown: {chosen[0][0]} below its threshold says 'unknown' (set to accept {ACCEPT:.0%} of the validation "
+        f"images); {chosen[0][1]} scores stored for vit-eval --ood"
     )

@@ -146,6 +146,13 @@ class Rejector:
         self.score = record["score"] if record else None
         self.needs_features = self.score in FEATURE_SCORES
 
+    def forward(self, model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits, pooled features or None) of one forward: the features only where the score needs them."""
+        if self.needs_features:
+            feats, logits = pooled_features(model, x)
+            return logits, feats
+        return model(x), None
+
     def __call__(self, logits: torch.Tensor, feats: torch.Tensor | None) -> torch.Tensor:
         if self.record is None:
             return torch.zeros(len(logits), dtype=torch.bool)
