@@ -4,10 +4,13 @@ the same model on the same machine.
     python bench/serve.py --ckpt checkpoints/digits/version_0/last.ckpt
     python bench/serve.py --model cifar      # a random-weights model of configs/cifar10.yaml's size (speed only)
 
-The server is started as a user starts it (`python -m vit.commands.serve`, loopback, default batching), the clients
-are threads sending real image files (the built-in digits as 32x32 PNGs, or --images) as multipart uploads over
-keep-alive connections. The bare forward is timed in this process while the server idles: batches of
---max-batch-size already-normalised images, inference mode, the median of 5 rounds. Writes bench/serve.json.
+The server is started as a user starts it (`python -m vit.commands.serve`, loopback, default batching, plus
+--server-args), the clients are threads sending real image files (the built-in digits as 32x32 PNGs, or --images) as
+multipart uploads over keep-alive connections. The reference is the bare batched forward of the same model in this
+process while the server idles: batches of --max-batch-size already-normalised images, inference mode. Both are
+measured in --rounds interleaved rounds (bare, then each concurrency level); a round's ratio is its served images/s
+over its own bare images/s, and the table gives the median round and the spread, because this machine's speed drifts
+by 10-20% within minutes. Writes bench/serve.json.
 """
 
 import argparse
@@ -133,19 +136,15 @@ def load(port: int, files: list[bytes], concurrency: int, requests: int) -> dict
     }
 
 
-def bare_forward(ckpt: Path, batch: int, rounds: int = 5, steps: int = 20) -> float:
-    """Images/s of model(x) on normalised batches, inference mode, this process: median of `rounds`."""
-    model, hp = load_model(ckpt)
-    x = torch.randn(batch, hp["in_chans"], hp["img_size"], hp["img_size"])
-    speeds = []
+def bare_forward(model, x: torch.Tensor, seconds: float = 4.0) -> float:
+    """Images/s of model(x) on a normalised batch, inference mode, in this process, steps until `seconds` passed."""
     with torch.inference_mode():
         model(x)
-        for _ in range(rounds):
-            t = time.perf_counter()
-            for _ in range(steps):
-                model(x)
-            speeds.append(batch * steps / (time.perf_counter() - t))
-    return statistics.median(speeds)
+        steps, t = 0, time.perf_counter()
+        while time.perf_counter() - t < seconds:
+            model(x)
+            steps += 1
+        return x.shape[0] * steps / (time.perf_counter() - t)
 
 
 def main(argv=None) -> int:
@@ -153,7 +152,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ckpt", help="a checkpoint to serve (default: a random-weights --model)")
     ap.add_argument("--model", choices=sorted(MODELS), default="mnist")
     ap.add_argument("--images", help="a folder of image files to send (default: the built-in digits as PNGs)")
-    ap.add_argument("--requests", type=int, default=600, help="requests per concurrency level")
+    ap.add_argument("--requests", type=int, default=300, help="requests per concurrency level and round")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of bare forward and load (median)")
+    ap.add_argument("--server-args", default="", help="more vit-serve arguments, e.g. '--api-servers 1'")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--max-batch-size", type=int, default=32)
     ap.add_argument("--out", default=str(ROOT / "bench" / "serve.json"))
@@ -168,28 +169,37 @@ def main(argv=None) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    bare = bare_forward(ckpt, args.max_batch_size)
-    proc = start(ckpt, port, ["--max-batch-size", str(args.max_batch_size)])
+    model, hp = load_model(ckpt)
+    x = torch.randn(args.max_batch_size, hp["in_chans"], hp["img_size"], hp["img_size"])
+    proc = start(ckpt, port, ["--max-batch-size", str(args.max_batch_size), *args.server_args.split()])
+    rounds = []  # per round: the bare images/s and one row per concurrency level
     try:
         load(port, files, 8, 64)  # warm-up: the worker's first batches, connections
-        rows = [load(port, files, c, args.requests) for c in args.concurrency]
+        for _ in range(args.rounds):
+            bare = bare_forward(model, x)
+            rounds.append((bare, [load(port, files, c, args.requests) for c in args.concurrency]))
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=60)
-    bare_after = bare_forward(ckpt, args.max_batch_size)
-    reference = statistics.mean([bare, bare_after])
-    print(f"model {ckpt.name}; bare batched forward (batch {args.max_batch_size}): {reference:.0f} images/s "
-          f"(before {bare:.0f}, after {bare_after:.0f})")  # fmt: skip
-    print(f"{'concurrency':>11} {'images/s':>9} {'x bare':>7} {'p50 ms':>7} {'p99 ms':>7} {'batch':>6} {'failed':>6}")
-    for r in rows:
-        r["ratio_to_bare"] = r["images_per_s"] / reference
+    bares = [bare for bare, _ in rounds]
+    spread = f"{min(bares):.0f}-{max(bares):.0f}"
+    print(f"model {ckpt.name}, server args {args.server_args!r}; bare batched forward (batch {args.max_batch_size}): "
+          f"median {statistics.median(bares):.0f} images/s over {args.rounds} rounds ({spread})")  # fmt: skip
+    header = ("concurrency", "images/s", "x bare", "(spread)", "p50 ms", "p99 ms", "batch", "failed")
+    print(" ".join(f"{h:>{w}}" for h, w in zip(header, (11, 9, 7, 11, 7, 7, 6, 6))))
+    rows = []
+    for i, c in enumerate(args.concurrency):
+        per_round = [row[i] | {"ratio_to_bare": row[i]["images_per_s"] / bare} for bare, row in rounds]
+        ratios = sorted(r["ratio_to_bare"] for r in per_round)
+        median = sorted(per_round, key=lambda r: r["ratio_to_bare"])[len(per_round) // 2]  # the median round
+        rows.append(median | {"ratio_min": ratios[0], "ratio_max": ratios[-1], "rounds": per_round})
         print(
-            f"{r['concurrency']:>11} {r['images_per_s']:>9.0f} {r['ratio_to_bare']:>7.2f} {r['p50_ms']:>7.1f} "
-            f"{r['p99_ms']:>7.1f} {r['mean_batch']:>6.1f} {r['failed']:>6}"
+            f"{c:>11} {median['images_per_s']:>9.0f} {median['ratio_to_bare']:>7.2f} "
+            f"{f'({ratios[0]:.2f}-{ratios[-1]:.2f})':>11} {median['p50_ms']:>7.1f} {median['p99_ms']:>7.1f} "
+            f"{median['mean_batch']:>6.1f} {sum(r['failed'] for r in per_round):>6}"
         )
-    Path(args.out).write_text(
-        json.dumps({"model": str(ckpt.name), "bare_images_per_s": reference, "rows": rows}, indent=2) + "\n"
-    )
+    summary = {"model": str(ckpt.name), "server_args": args.server_args, "bare_images_per_s": bares, "rows": rows}
+    Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
     return 0
 
 

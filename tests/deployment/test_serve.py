@@ -456,3 +456,64 @@ def test_an_int8_onnx_export_serves_vit_predicts_answers_without_maps(smoke_ckpt
         assert info["arch"] is None and info["classes"][:2] == ["0", "1"] and info["checkpoint"] == onnx.name
     finally:
         stop_server(proc)
+
+
+def test_small_uploads_decode_on_the_loop_large_ones_in_a_thread_and_the_limit_holds(monkeypatch):
+    """ImageRequests._decode: a 32 px PNG is decoded without the thread hop (it cost more than the decode), a
+    300 x 300 one in a thread (off the event loop), and the pixel limit still refuses before decoding."""
+    import asyncio
+
+    import vit.deployment.serve as serve
+
+    hops = []
+
+    async def counting(fn, *args):
+        hops.append(args[-1])  # the max_pixels the thread was given
+        return fn(*args)
+
+    monkeypatch.setattr(serve, "_in_thread", counting)
+
+    def png(side: int) -> bytes:
+        buffer = io.BytesIO()
+        Image.fromarray(np.full((side, side, 3), 128, np.uint8)).save(buffer, format="PNG")
+        return buffer.getvalue()
+
+    middleware = serve.ImageRequests(None, path="/predict", img_size=32, in_chans=3, num_classes=10, max_bytes=2**20,
+                                     max_pixels=1_000_000)  # fmt: skip
+    assert asyncio.run(middleware._decode(png(32))).shape == (3, 32, 32) and hops == []
+    assert asyncio.run(middleware._decode(png(300))).shape == (3, 32, 32) and hops == [1_000_000]
+    with pytest.raises(serve.RequestError, match="over the limit of 1000000 pixels") as e:
+        asyncio.run(middleware._decode(png_header(1200, 1000)))
+    assert e.value.status == 413
+    small_limit = serve.ImageRequests(None, path="/predict", img_size=32, in_chans=3, num_classes=10,
+                                      max_bytes=2**20, max_pixels=500)  # fmt: skip
+    with pytest.raises(serve.RequestError, match="over the limit of 500 pixels"):
+        asyncio.run(small_limit._decode(png(32)))  # under INLINE_PIXELS but over the server's own limit
+    assert hops == [1_000_000, 1_000_000]
+
+
+def test_api_servers_reach_litserve_and_a_cpu_worker_waits_passively(smoke_ckpt, monkeypatch):
+    """--api-servers is LitServe's num_api_servers (default 2); on the CPU the model worker's OpenMP threads sleep
+    instead of spinning on the cores the HTTP processes need, unless the user chose otherwise."""
+    import vit.commands.serve as cmd
+
+    ran = {}
+
+    class Fake:
+        def run(self, **kwargs):
+            ran.update(kwargs)
+
+    monkeypatch.setattr(cmd, "build_server", lambda args: Fake())
+    monkeypatch.setattr(cmd.signal, "signal", lambda *a: None)  # main's SIGTERM handler: not for pytest's process
+    assert cmd.main(["--ckpt", str(smoke_ckpt), "--api-servers", "3"]) == 0 and ran["num_api_servers"] == 3
+    assert cmd.main(["--ckpt", str(smoke_ckpt)]) == 0 and ran["num_api_servers"] == cmd.API_SERVERS == 2
+    with pytest.raises(SystemExit):
+        cmd.main(["--ckpt", str(smoke_ckpt), "--api-servers", "0"])
+    monkeypatch.undo()
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    cmd.build_server(cmd.build_parser().parse_args(["--ckpt", str(smoke_ckpt), "--device", "cpu"]))
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    cmd.build_server(cmd.build_parser().parse_args(["--ckpt", str(smoke_ckpt), "--device", "cpu"]))
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -7,14 +7,16 @@
 POST /predict takes an image (multipart field `file`, or the raw bytes with an image/* content type) and answers the
 top-k classes with probabilities; `map=relevance` (or `rollout`) adds the map of the predicted class as a base64 PNG.
 GET /health, GET /info (classes, image size, architecture, the checkpoint's file name). Concurrent requests are
-batched on the device (`--max-batch-size`, `--batch-timeout`). Bad input gets a 4xx JSON `{"error": ...}` and the
-server goes on. Only PNG, JPEG, WEBP, BMP, GIF and TIFF are opened (415 otherwise); a request whose Host header names
-no served host gets a 400 (DNS rebinding); SIGTERM and SIGINT stop every process the server started.
+batched on the device (`--max-batch-size`, `--batch-timeout`); `--api-servers` HTTP processes read and decode them.
+Bad input gets a 4xx JSON `{"error": ...}` and the server goes on. Only PNG, JPEG, WEBP, BMP, GIF and TIFF are
+opened (415 otherwise); a request whose Host header names no served host gets a 400 (DNS rebinding); SIGTERM and
+SIGINT stop every process the server started.
 """
 
 import argparse
 import ipaddress
 import logging
+import os
 import signal
 import sys
 from importlib import resources
@@ -24,6 +26,7 @@ from vit.deployment.predict import pick_device
 from vit.model.checkpoint import CheckpointError, load_model
 
 PAGE = "index.html"  # vit/static/index.html, shipped in the package
+API_SERVERS = 2  # HTTP processes: decoding in one while the other waits on the queue (docs/serving.md, "Throughput")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-timeout", type=float, default=0.01, help="seconds to wait for a batch to fill (default 0.01)"
     )
     ap.add_argument("--workers", type=int, default=1, help="model workers per device (default 1)")
+    ap.add_argument(
+        "--api-servers",
+        type=int,
+        default=API_SERVERS,
+        help=f"HTTP processes that read, check and decode uploads (default {API_SERVERS})",
+    )
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--max-body-mb", type=float, default=20.0, help="largest request body in MB (default 20)")
     ap.add_argument(
@@ -85,6 +94,12 @@ def build_server(args: argparse.Namespace):
     # refuses a pickle-carrying or broken checkpoint (an ONNX file without its sidecar) before anything starts
     model, hparams = load_onnx(args.onnx) if args.onnx else load_model(args.ckpt)
     device = "cpu" if args.onnx else pick_device(args.device).type
+    if device == "cpu":
+        # The model worker shares the cores with the HTTP processes. OpenMP's threads otherwise spin between the ops
+        # of a forward, taking the cores that HTTP needs: 3.4 CPU-ms per request in the worker of the small model
+        # at 32 clients, 0.9 ms with passive waiting (docs/serving.md, "Throughput"). The worker is a spawned process,
+        # so it reads this when its OpenMP starts; a user's own setting wins.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     api = ViTAPI(source, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout, onnx=bool(args.onnx))
     checks = dict(
         path="/predict",
@@ -123,8 +138,10 @@ def _interrupt(signum, frame) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.max_batch_size < 1 or args.batch_timeout < 0 or args.workers < 1 or args.max_body_mb <= 0:
-        build_parser().error("--max-batch-size and --workers must be >= 1, --batch-timeout >= 0, --max-body-mb > 0")
+    if min(args.max_batch_size, args.workers, args.api_servers) < 1 or args.batch_timeout < 0 or args.max_body_mb <= 0:
+        build_parser().error(
+            "--max-batch-size, --workers and --api-servers must be >= 1, --batch-timeout >= 0, --max-body-mb > 0"
+        )
     try:
         server = build_server(args)
     except (CheckpointError, OnnxError) as e:
@@ -140,7 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     # API-server and inference processes it started (they kept the port, orphaned, when SIGTERM ended us alone).
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"vit-serve: http://{args.host}:{args.port}/ (POST /predict, GET /health, GET /info)", flush=True)
-    server.run(host=args.host, port=args.port, generate_client_file=False, log_level=args.log_level)
+    server.run(
+        host=args.host,
+        port=args.port,
+        num_api_servers=args.api_servers,
+        generate_client_file=False,
+        log_level=args.log_level,
+    )
     return 0
 
 

@@ -37,6 +37,7 @@ MAPS = ("none", "relevance", "rollout")
 RAW_TYPES = ("image/", "application/octet-stream")
 MAP_SIDE = 224  # the overlay's side in pixels: small images are upsampled before the map is drawn over them
 FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")  # what an upload may be; anything else is 415
+INLINE_PIXELS = 256 * 256  # larger images are decoded in a thread, off the event loop (ImageRequests._decode)
 
 
 class RequestError(Exception):
@@ -110,7 +111,7 @@ class ImageRequests:
             topk, kind, raw = query_options(scope.get("query_string", b"").decode("latin-1"), self.num_classes)
             body = await self._body(scope, receive)
             data = await self._image_bytes(scope, body)
-            pixels = await _in_thread(decode_upload, data, self.img_size, self.in_chans, self.max_pixels)
+            pixels = await self._decode(data)
         except RequestError as e:
             await _json(send, e.status, {"error": str(e)})
             return
@@ -120,6 +121,16 @@ class ImageRequests:
         headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-type", b"content-length")]
         headers += [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
         await self.app({**scope, "headers": headers}, _replay(payload), send)
+
+    async def _decode(self, data: bytes) -> torch.Tensor:
+        """decode_upload on the event loop for an image of at most INLINE_PIXELS (the header says so before any pixel
+        is decoded), in a thread otherwise: handing a 32 px PNG to a thread took 160 us, decoding it 65 us."""
+        try:
+            return decode_upload(data, self.img_size, self.in_chans, min(self.max_pixels, INLINE_PIXELS))
+        except RequestError as e:
+            if e.status != 413 or self.max_pixels <= INLINE_PIXELS:
+                raise
+        return await _in_thread(decode_upload, data, self.img_size, self.in_chans, self.max_pixels)
 
     async def _body(self, scope, receive) -> bytes:
         declared = dict(scope["headers"]).get(b"content-length")
