@@ -4,9 +4,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vit.data.crops import random_crop_flip
+from vit.data.crops import crop_flip, crop_flip_params
 from vit.data.device import DeviceBatches
 from vit.data.digits import DigitsDataModule
+
+
+def random_crop_flip(x: torch.Tensor, padding: int, hflip: bool, generator: torch.Generator) -> torch.Tensor:
+    """torchvision's RandomCrop(size, padding) then RandomHorizontalFlip() on each image of a batch, from the two
+    pieces DeviceBatches composes."""
+    return crop_flip(x, *crop_flip_params(x.shape[0], padding, hflip, generator, x.device), padding)
+
 
 MEAN, STD = (0.2, 0.3, 0.4), (0.5, 0.6, 0.7)
 
@@ -209,3 +216,21 @@ def test_the_torchvision_path_turns_the_same_way():
     torch.manual_seed(0)
     outs = {tuple(_raw(tf(img)).flatten().tolist()) for _ in range(40)}
     assert outs == {tuple(torch.rot90(img.float(), k, (-2, -1)).flatten().tolist()) for k in range(4)}
+
+
+def test_predict_normalises_to_the_same_floats_as_the_training_batches():
+    """One uint8 -> normalised path (vit.data.transforms.normalize_uint8): vit-predict, vit-eval and vit-serve feed a
+    checkpoint the floats its validation batches had, to the last bit; torchvision's per-item form agrees to
+    rounding."""
+    from vit.data.transforms import to_normalized
+    from vit.deployment.predict import normalize
+
+    images = torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+    x, _ = next(iter(DeviceBatches(images, torch.zeros(8, dtype=torch.long), 8, mean, std, train=False)))
+    assert torch.equal(x, normalize(images, mean, std))
+    assert torch.equal(normalize(images, torch.tensor(mean), torch.tensor(std)), x)  # channel_stats' tensors
+    torch.testing.assert_close(x, to_normalized(mean, std)(images), rtol=0, atol=1e-5)
+    given = images.float()
+    normalize(given, mean, std)
+    assert torch.equal(given, images.float())  # a float input is copied, not normalised in place

@@ -282,13 +282,6 @@ def apply_entries(x: torch.Tensor, table: Entries, entry: torch.Tensor, sort: bo
     return xs.index_select(0, order.argsort())
 
 
-def apply_ops(x: torch.Tensor, op: torch.Tensor, mag: torch.Tensor, sort: bool | None = None) -> torch.Tensor:
-    """One slot from operation ids and signed magnitudes, (B,) each: image b gets OPS[op[b]] with mag[b]."""
-    table = entries(op.cpu(), mag.cpu(), x.shape[-2], x.shape[-1])
-    table = Entries(*(t.to(x.device) for t in table))
-    return apply_entries(x, table, torch.arange(len(op), device=x.device), sort)
-
-
 class BatchAutoAugment:
     """torchvision's RandAugment (num_ops 2, magnitude 9 of 31), TrivialAugmentWide (31 bins) or AutoAugment
     (ImageNet, CIFAR10, SVHN policies) on a uint8 batch, every image drawing its own operations and magnitudes.

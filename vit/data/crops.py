@@ -50,11 +50,6 @@ def crop_flip(x: torch.Tensor, oy: torch.Tensor, ox: torch.Tensor, flip: torch.T
     return runs.index_select(0, start.view(-1)).view(B, C, H, W)
 
 
-def random_crop_flip(x: torch.Tensor, padding: int, hflip: bool, generator: torch.Generator) -> torch.Tensor:
-    """torchvision's RandomCrop(size, padding) then RandomHorizontalFlip() on each image of a batch."""
-    return crop_flip(x, *crop_flip_params(x.shape[0], padding, hflip, generator, x.device), padding)
-
-
 def quarter_turn_params(B: int, generator: torch.Generator, device=None) -> torch.Tensor:
     """Quarter turns for B images, (B,) int in 0..3, each equally likely (with a horizontal flip: the 8 symmetries of
     the square, the dihedral group D4)."""

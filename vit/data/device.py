@@ -29,6 +29,7 @@ from vit.data.crops import (
     random_resized_crop_boxes,
     resized_crop,
 )
+from vit.data.transforms import normalize_uint8, uint8_affine
 
 IGNORE = -100  # the target of an evaluation padding item: F.cross_entropy's and the metrics' ignore_index
 
@@ -83,11 +84,7 @@ class DeviceBatches:
         self.seed, self.rank, self.world_size, self.out_size = seed, rank, world_size, out_size
         self.per_rank = -(-len(images) // world_size)  # every rank's share, padded
         self.drop_last = train and self.per_rank > batch_size if drop_last is None else drop_last
-        mean = torch.tensor(mean, dtype=torch.float32, device=images.device)[:, None, None] * 255
-        std = torch.tensor(std, dtype=torch.float32, device=images.device)[:, None, None] * 255
-        # ToDtype(scale=True) + Normalize as one multiply-add in place: (x / 255 - mean) / std == x * scale + shift
-        # (0.45 vs 0.9 ms for 256 CIFAR images on 1 core: no temporaries)
-        self.scale, self.shift = 1.0 / std, -mean / std
+        self.scale, self.shift = uint8_affine(mean, std, images.device)  # ToDtype + Normalize as one multiply-add
         self.epoch = 0
         self._next = 0  # index of the next batch of this epoch to hand out
         self._resume_at = 0  # after load_state_dict: the batch to start the restored epoch at
@@ -170,7 +167,7 @@ class DeviceBatches:
                 x = quarter_turn(x, d["turn"])
             if "aug" in d:
                 x = self.auto_augment.apply(x, d["aug"])
-            x = x.float().mul_(self.scale).add_(self.shift)  # a new tensor: safe to change in place from here
+            x = normalize_uint8(x, self.scale, self.shift)  # a new tensor: safe to change in place from here
             if "erase" in d:
                 x = erase(x, d["erase"], inplace=True)
             if self.out_size and self.out_size != x.shape[-1]:

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from vit.data.images import describe, image_at, read_image
+from vit.data.transforms import normalize_uint8, uint8_affine
 from vit.evaluation.attention_maps import (
     attention_rollout,
     capture_attention,
@@ -51,9 +52,7 @@ class ImageFiles(Dataset):
 def normalize(x: torch.Tensor, mean, std) -> torch.Tensor:
     """uint8 (B, C, H, W) -> float, scaled to [0, 1] and normalised, as ToDtype(scale=True) + Normalize. `mean`
     and `std`: (C,) float32 tensors on x's device (channel_stats: made once, not uploaded again per batch), or lists."""
-    mean = torch.as_tensor(mean, dtype=torch.float32, device=x.device)[:, None, None]
-    std = torch.as_tensor(std, dtype=torch.float32, device=x.device)[:, None, None]
-    return (x.float() / 255 - mean) / std
+    return normalize_uint8(x, *uint8_affine(mean, std, x.device))  # training's own, to the last bit
 
 
 def channel_stats(hparams: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
