@@ -25,8 +25,9 @@ from vit.evaluation.after_fit import unknown_after_fit
 from vit.model.checkpoint import load_checkpoint
 
 
-def with_statistics(ckpt: Path, folder: Path) -> Path:
-    """A copy of `ckpt` holding the rejection record (made from its own training and validation data)."""
+def with_statistics(ckpt: Path, folder: Path, score: str | None = None) -> Path:
+    """A copy of `ckpt` holding the rejection record (made from its own training and validation data); `score`: the
+    one the record applies (default: DEFAULT_SCORE, as fit chooses), with its stored threshold."""
     copy = folder / ckpt.name
     shutil.copy(ckpt, copy)
     raw = load_checkpoint(copy)
@@ -38,6 +39,10 @@ def with_statistics(ckpt: Path, folder: Path) -> Path:
         dm = training_data(str(copy), raw, hp)
     dm.setup("fit")
     print(unknown_after_fit([str(copy)], dm, torch.device("cpu")), file=sys.stderr)
+    if score is not None:
+        raw = torch.load(copy, map_location="cpu", weights_only=True)
+        raw["unknown"] |= {"score": score, "threshold": raw["unknown"]["thresholds"][score]}
+        torch.save(raw, copy)
     return copy
 
 
@@ -46,10 +51,11 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--ckpt", required=True)
     p.add_argument("--ood", nargs="+", required=True, help="KIND:DIR, e.g. far:mnist_val near:other_classes")
+    p.add_argument("--score", help="the score the record applies (rejection shares); default: DEFAULT_SCORE")
     p.add_argument("--heldout", help="a labelled <class>/<image> folder no part of the run saw: the share rejected")
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = with_statistics(Path(a.ckpt), Path(tmp))
+        ckpt = with_statistics(Path(a.ckpt), Path(tmp), a.score)
         if a.heldout:
             out = Path(tmp, "heldout")
             assert eval_main(["--ckpt", str(ckpt), a.heldout, "--out", str(out)]) in (0, 1)

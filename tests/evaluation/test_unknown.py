@@ -16,6 +16,7 @@ from vit.commands.predict import main as predict_main
 from vit.evaluation.unknown import (
     ACCEPT,
     DEFAULT_SCORE,
+    SCORES,
     Rejector,
     accept_threshold,
     auroc,
@@ -42,6 +43,17 @@ def test_each_score_against_a_reference_and_far_points_are_told_apart():
     bg = (x[0] - feats.mean(0)) @ torch.linalg.inv(torch.cov(feats.T, correction=0)) @ (x[0] - feats.mean(0))
     torch.testing.assert_close(s["mahalanobis"], -d.min()[None], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(s["relative_mahalanobis"], -(d - bg).min()[None], rtol=1e-4, atol=1e-4)
+    # Mahalanobis++: the same on unit-length features, with their own class means and shared covariance
+    unit, x_unit = feats / feats.norm(dim=-1, keepdim=True), x[0] / x[0].norm()
+    unit_means = torch.stack([unit[targets == c].mean(0) for c in range(2)])
+    inv_unit = torch.linalg.inv((unit - unit_means[targets]).T @ (unit - unit_means[targets]) / len(unit))
+    d_unit = torch.stack([(x_unit - m) @ inv_unit @ (x_unit - m) for m in unit_means])
+    torch.testing.assert_close(s["normalized_mahalanobis"], -d_unit.min()[None], rtol=1e-4, atol=1e-4)
+    # a record made before the normalised statistics existed still scores the others and leaves this one out
+    old = {k: v for k, v in stats.items() if not k.startswith("normalized_")}
+    assert "normalized_mahalanobis" not in unknown_scores(logits, x, old) and "mahalanobis" in unknown_scores(
+        logits, x, old
+    )
     torch.testing.assert_close(s["energy"], torch.logsumexp(logits, -1))
     torch.testing.assert_close(s["msp"], logits.softmax(-1).max(-1).values)
     # far points: every feature score tells them apart; the threshold accepts 95% of the in-distribution points
@@ -49,7 +61,8 @@ def test_each_score_against_a_reference_and_far_points_are_told_apart():
     inside = unknown_scores(torch.zeros(1000, 2), feats, stats)
     outside = unknown_scores(torch.zeros(200, 2), far, stats)
     # (the relative form discounts what the whole set's Gaussian also finds far: weaker on points this far out)
-    for name, least in (("mahalanobis", 0.99), ("relative_mahalanobis", 0.95), ("knn", 0.99)):
+    for name, least in (("mahalanobis", 0.99), ("relative_mahalanobis", 0.95), ("normalized_mahalanobis", 0.99),
+                        ("knn", 0.99)):  # fmt: skip
         assert auroc(inside[name], outside[name]) > least and fpr_at_tpr(inside[name], outside[name]) < 0.2, name
         assert (inside[name] >= accept_threshold(inside[name])).double().mean() == pytest.approx(ACCEPT, abs=0.002)
     # features in a subspace (a LayerNorm-ed model's: here the third coordinate is minus the sum of the others) still
@@ -75,7 +88,8 @@ def test_fit_stores_a_threshold_that_accepts_95_percent_of_validation(smoke_run,
     model, hp = load_model(smoke_ckpt)
     record = hp["unknown"]
     assert record["score"] == DEFAULT_SCORE and record["accept"] == ACCEPT
-    assert set(record["thresholds"]) == {"msp", "max_logit", "energy", "mahalanobis", "relative_mahalanobis", "knn"}
+    assert set(record["thresholds"]) == set(SCORES)  # every candidate, for vit-eval --ood to compare
+    assert {"msp", "energy", "mahalanobis", "normalized_mahalanobis", "knn"} <= set(SCORES)
     assert record["stats"]["means"].shape == (10, model.cfg.embed_dim)
     # vit-eval on the same validation split: 5% rejected (the threshold's quantile), every class reported
     assert eval_main(["--ckpt", str(smoke_ckpt), "--split", "val", "--out", str(tmp_path / "ev"),
@@ -85,7 +99,8 @@ def test_fit_stores_a_threshold_that_accepts_95_percent_of_validation(smoke_run,
     assert abs(rejected - (1 - ACCEPT)) <= 1.5 / metrics["n"] + 1e-9, rejected
     assert len(metrics["unknown"]["rejected_per_class"]) == 10
     ood = metrics["ood"]
-    assert set(ood) >= {"msp", "energy", "relative_mahalanobis", "knn", "rejected_by_the_checkpoint"}
+    assert set(ood) >= {"msp", "energy", "relative_mahalanobis", "normalized_mahalanobis", "knn",
+                        "rejected_by_the_checkpoint"}  # fmt: skip
     assert all(0 <= r["auroc"] <= 1 and 0 <= r["fpr_at_95_tpr"] <= 1 for r in ood.values() if isinstance(r, dict))
     assert "--ood: score" in capsys.readouterr().out
 

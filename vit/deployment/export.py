@@ -105,7 +105,8 @@ def unknown_sidecar(record: dict | None) -> dict | None:
     if record is None:
         return None
     needs = {"mahalanobis": ("means", "precision"), "knn": ("bank",),
-             "relative_mahalanobis": ("means", "precision", "background_mean", "background_precision")}  # fmt: skip
+             "relative_mahalanobis": ("means", "precision", "background_mean", "background_precision"),
+             "normalized_mahalanobis": ("normalized_means", "normalized_precision")}  # fmt: skip
     stats = {k: record["stats"][k].tolist() for k in needs.get(record["score"], ())}
     return {"score": record["score"], "threshold": record["threshold"], "stats": stats}
 

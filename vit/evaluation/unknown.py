@@ -9,8 +9,10 @@
 The candidates are OpenOOD v1.5's one-pass post-hoc family: the maximum softmax probability (Hendrycks & Gimpel
 2017), the maximum logit (Hendrycks et al. 2022), the energy (Liu et al. 2020), the Mahalanobis distance to the
 nearest class mean under a shared covariance of the pooled features (Lee et al. 2018), its relative form that
-subtracts the distance to the whole training set's Gaussian (Ren et al. 2021), and the distance to the K-th nearest
-training feature after L2 normalisation (Sun et al. 2022). Which one a checkpoint uses is measured in
+subtracts the distance to the whole training set's Gaussian (Ren et al. 2021), the same distance on L2-normalised
+features (Mahalanobis++, Mueller & Hein 2025: the features' norms vary with the image more than with the class, which
+breaks the shared-covariance Gaussian), and the distance to the K-th nearest training feature after L2 normalisation
+(Sun et al. 2022). Which one a checkpoint uses is measured in
 docs/evaluation.md ("Unknown images"); the statistics every candidate needs are kept, so vit-eval --ood compares them.
 """
 
@@ -18,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.functional.classification import binary_auroc
 
-SCORES = ("msp", "max_logit", "energy", "mahalanobis", "relative_mahalanobis", "knn")
-FEATURE_SCORES = ("mahalanobis", "relative_mahalanobis", "knn")
+SCORES = ("msp", "max_logit", "energy", "mahalanobis", "relative_mahalanobis", "normalized_mahalanobis", "knn")
+FEATURE_SCORES = ("mahalanobis", "relative_mahalanobis", "normalized_mahalanobis", "knn")
 # KNN: the K-th neighbour among a bank of at most BANK training features (Sun et al. use K=50 on CIFAR-10's 50,000
 # images; a bank of 2,000 keeps a 384-wide checkpoint 3 MB larger); a smaller bank scales K down with it.
 BANK, KNN_K = 2000, 50
@@ -67,19 +69,30 @@ def _precision(centred: torch.Tensor) -> torch.Tensor:
 
 def feature_stats(feats: torch.Tensor, targets: torch.Tensor, num_classes: int, seed: int = 0) -> dict:
     """What the feature scores need, from the training images' pooled features (N, D) and classes (N,): class means
-    (C, D) and their shared precision (D, D); the whole set's mean (D,) and precision; a bank of at most BANK
-    L2-normalised features (K, D). A class without images gets the overall mean."""
+    (C, D) and their shared precision (D, D); the whole set's mean (D,) and precision; the class means and precision
+    of the L2-normalised features; a bank of at most BANK L2-normalised features (K, D). A class without images gets
+    the overall mean."""
     feats = feats.float()
-    overall = feats.mean(0)
-    means = torch.stack([feats[targets == c].mean(0) if (targets == c).any() else overall for c in range(num_classes)])
+    normed = F.normalize(feats, dim=-1)
+    means, overall = _class_means(feats, targets, num_classes)
+    normed_means, _ = _class_means(normed, targets, num_classes)
     pick = torch.randperm(len(feats), generator=torch.Generator().manual_seed(seed))[:BANK]
     return {
         "means": means,
         "precision": _precision(feats - means[targets]),
         "background_mean": overall,
         "background_precision": _precision(feats - overall),
-        "bank": F.normalize(feats[pick], dim=-1),
+        "normalized_means": normed_means,
+        "normalized_precision": _precision(normed - normed_means[targets]),
+        "bank": normed[pick],
     }
+
+
+def _class_means(feats: torch.Tensor, targets: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(C, D) class means of (N, D) features, a class without images taking the overall mean (D,); both."""
+    overall = feats.mean(0)
+    present = [(targets == c).any() for c in range(num_classes)]
+    return torch.stack([feats[targets == c].mean(0) if present[c] else overall for c in range(num_classes)]), overall
 
 
 def _squared_distances(feats: torch.Tensor, means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
@@ -112,6 +125,9 @@ def unknown_scores(logits: torch.Tensor, feats: torch.Tensor | None, stats: dict
         if "relative_mahalanobis" in names:
             bg = _squared_distances(feats, stats["background_mean"][None], stats["background_precision"])  # (N, 1)
             out["relative_mahalanobis"] = -(d - bg).amin(-1)
+    if "normalized_mahalanobis" in names and "normalized_means" in stats:  # a record made before it lacks them
+        d = _squared_distances(F.normalize(feats, dim=-1), stats["normalized_means"], stats["normalized_precision"])
+        out["normalized_mahalanobis"] = -d.amin(-1)
     if "knn" in names:
         bank = stats["bank"]
         k = max(1, round(KNN_K * len(bank) / BANK))

@@ -69,7 +69,8 @@ def unknown_of(ckpt: dict, path, cfg: ViTConfig) -> dict | None:
     if not isinstance(record.get("score") if stats is not None else None, str) or not isinstance(threshold, float):
         raise CheckpointError(f"{path}: its 'unknown' record has no score name, threshold and statistics")
     d, c = cfg.embed_dim, cfg.num_classes
-    shapes = {"means": (c, d), "precision": (d, d), "background_mean": (d,), "background_precision": (d, d)}
+    shapes = {"means": (c, d), "precision": (d, d), "background_mean": (d,), "background_precision": (d, d),
+              "normalized_means": (c, d), "normalized_precision": (d, d)}  # fmt: skip
     for key, value in stats.items():
         want = shapes.get(key)
         if not isinstance(value, torch.Tensor) or (want and tuple(value.shape) != want) or value.shape[-1] != d:
