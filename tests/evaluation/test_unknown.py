@@ -159,3 +159,31 @@ def test_old_checkpoints_never_say_unknown_and_a_broken_record_is_one_line(smoke
     with pytest.raises(CheckpointError, match=r"bad.ckpt: unknown statistics 'bank' do not fit a \d+-wide model"):
         load_model(tmp_path / "bad.ckpt")
     shutil.rmtree(tmp_path / "noise")
+
+
+def test_best_and_last_with_the_same_weights_are_measured_once(smoke_run, smoke_ckpt, tmp_path, monkeypatch):
+    """unknown_after_fit: a run that ended on its best epoch has best == last in weights; the record is measured once
+    and written to both. Files with other weights are measured on their own."""
+    import vit.evaluation.after_fit as after_fit
+    from vit.model.checkpoint import load_checkpoint
+
+    measured = []
+    real = after_fit._unknown_record
+    monkeypatch.setattr(after_fit, "_unknown_record", lambda model, *a: measured.append(1) or real(model, *a))
+    best, last, other = (tmp_path / f"{n}.ckpt" for n in ("best", "last", "other"))
+    for path in (best, last, other):
+        shutil.copy(smoke_ckpt, path)
+    raw = torch.load(other, map_location="cpu", weights_only=True)
+    key = next(k for k in raw["state_dict"] if k.endswith("head.weight"))
+    raw["state_dict"][key] = raw["state_dict"][key] * 2  # other weights: other logits, other thresholds
+    torch.save(raw, other)
+    dm = smoke_run.cli.datamodule
+    after_fit.unknown_after_fit([str(best), str(last)], dm, torch.device("cpu"))
+    assert len(measured) == 1
+    assert load_checkpoint(best)["unknown"]["threshold"] == load_checkpoint(last)["unknown"]["threshold"]
+    after_fit.unknown_after_fit([str(best), str(other)], dm, torch.device("cpu"))
+    assert len(measured) == 3
+    assert (
+        load_checkpoint(other)["unknown"]["thresholds"]["max_logit"]
+        != load_checkpoint(best)["unknown"]["thresholds"]["max_logit"]
+    )

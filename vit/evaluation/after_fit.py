@@ -64,6 +64,24 @@ def calibrate_after_fit(
     return lines
 
 
+def _same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _unknown_record(model, train, dm: ImageClassificationData, device: torch.device) -> dict:
+    """One model's rejection record: statistics of the training features, every score's threshold on validation."""
+    stats = None
+    if train is not None:
+        feats, _, targets = features_of(model, train, device)
+        stats = feature_stats(feats, targets, dm.num_classes)
+    feats, logits, _ = features_of(model, whole_val_batches(dm), device)
+    scores = unknown_scores(logits, feats, stats)
+    thresholds = {name: accept_threshold(s) for name, s in scores.items()}
+    score = DEFAULT_SCORE if DEFAULT_SCORE in thresholds else "energy"
+    return {"score": score, "threshold": thresholds[score], "accept": ACCEPT, "thresholds": thresholds,
+            "stats": stats or {}}  # fmt: skip
+
+
 def unknown_after_fit(paths: list[str], dm: ImageClassificationData, device: torch.device) -> str:
     """Rejection for each checkpoint (the best first): the pooled features' statistics on the training images (no
     augmentation), every score's threshold at ACCEPT of the validation images (never the training ones, which the
@@ -73,22 +91,19 @@ def unknown_after_fit(paths: list[str], dm: ImageClassificationData, device: tor
     from vit.training.checkpoint_io import AtomicCheckpointIO
 
     train = whole_train_batches(dm)
-    chosen = []
+    chosen, done = [], []  # done: (state_dict, record) of the files already measured
     for path in dict.fromkeys(paths):  # best and last can be the same file
         model, _ = load_model(path)
-        stats = None
-        if train is not None:
-            feats, _, targets = features_of(model, train, device)
-            stats = feature_stats(feats, targets, dm.num_classes)
-        feats, logits, _ = features_of(model, whole_val_batches(dm), device)
-        scores = unknown_scores(logits, feats, stats)
-        thresholds = {name: accept_threshold(s) for name, s in scores.items()}
-        score = DEFAULT_SCORE if DEFAULT_SCORE in thresholds else "energy"
+        state = model.state_dict()
+        # best and last of a run that ended on its best epoch hold the same weights: the same record, measured once
+        record = next((r for seen, r in done if _same_weights(seen, state)), None)
+        if record is None:
+            record = _unknown_record(model, train, dm, device)
+            done.append((state, record))
         ckpt = load_checkpoint(path)
-        ckpt["unknown"] = {"score": score, "threshold": thresholds[score], "accept": ACCEPT,
-                           "thresholds": thresholds, "stats": stats or {}}  # fmt: skip
+        ckpt["unknown"] = record
         AtomicCheckpointIO().save_checkpoint(ckpt, path)
-        chosen.append((score, len(thresholds)))
+        chosen.append((record["score"], len(record["thresholds"])))
     return (
         f"unknown: {chosen[0][0]} below its threshold says 'unknown' (set to accept {ACCEPT:.0%} of the validation "
         f"images); {chosen[0][1]} scores stored for vit-eval --ood"
