@@ -20,6 +20,7 @@ from vit.evaluation.unknown import (
     Rejector,
     accept_threshold,
     auroc,
+    block_scale,
     feature_stats,
     fpr_at_tpr,
     unknown_scores,
@@ -76,6 +77,51 @@ def test_each_score_against_a_reference_and_far_points_are_told_apart():
     assert auroc(torch.tensor([0.0, 1.0]), torch.tensor([2.0, 3.0])) == 0.0
 
 
+def test_the_blocks_score_sums_each_blocks_standardised_distance_and_the_model_gives_every_blocks_features():
+    g = torch.Generator().manual_seed(0)
+    targets = torch.arange(2).repeat(300)
+    # (N, L + 1, D): two blocks, then the head's features; each block its own class means and spread
+    centres = torch.tensor([[[2.0, 0.0], [0.0, 1.0], [1.0, 1.0]], [[-2.0, 0.0], [0.0, -1.0], [-1.0, -1.0]]])
+    feats = centres[targets] + torch.randn(600, 3, 2, generator=g) * torch.tensor([[1.0], [0.3], [1.0]])
+    val = centres[targets[:100]] + torch.randn(100, 3, 2, generator=g) * torch.tensor([[1.0], [0.3], [1.0]])
+    stats = block_scale(feature_stats(feats, targets, 2), val)
+    assert stats["block_means"].shape == (2, 2, 2) and stats["means"].shape == (2, 2)
+    x = torch.tensor([[[0.5, 0.5], [0.2, -0.4], [9.0, 9.0]]])
+    s = unknown_scores(torch.zeros(1, 2), x, stats)
+
+    def nearest(f, block_feats):  # a block's squared distance to its nearest class mean, by explicit inverse
+        means = torch.stack([block_feats[targets == c].mean(0) for c in range(2)])
+        centred = block_feats - means[targets]
+        inv = torch.linalg.inv(centred.T @ centred / len(centred))
+        return torch.stack([(f - m) @ inv @ (f - m) for m in means]).min(-1).values
+
+    z = []
+    for i in range(2):
+        on_val = torch.stack([nearest(v, feats[:, i]) for v in val[:, i]])
+        z.append((nearest(x[0, i], feats[:, i]) - on_val.mean()) / on_val.std())
+    torch.testing.assert_close(s["block_mahalanobis"], -sum(z)[None], rtol=1e-3, atol=1e-3)
+    # the head's scores read the last entry only: the far head feature moves them, not the blocks' score
+    assert s["mahalanobis"] < -20 and s["block_mahalanobis"] > -10
+    # the model's pooled features: the mean patch token after each block (before the final norm), then the head's
+    from vit.evaluation.unknown import pooled_features
+    from vit.model import ViTConfig, VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTConfig(img_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=2, num_classes=5))
+    model.eval()
+    seen = []
+    hooks = [b.register_forward_hook(lambda m, i, o: seen.append(o.mean(1))) for b in model.blocks]
+    images = torch.randn(4, 3, 16, 16)
+    with torch.no_grad():
+        feats, logits = pooled_features(model, images)
+        reference = model(images)
+    [h.remove() for h in hooks]
+    assert feats.shape == (4, 4, 32)
+    torch.testing.assert_close(feats[:, :3], torch.stack(seen[:3], 1))
+    torch.testing.assert_close(logits, reference)
+    torch.testing.assert_close(model.head(feats[:, -1]), reference)
+
+
 def _noise_folder(folder, n=24, size=32):
     folder.mkdir(exist_ok=True)
     rng = np.random.default_rng(0)
@@ -117,7 +163,8 @@ def test_predict_and_the_onnx_export_say_unknown_alike(smoke_ckpt, tmp_path, cap
     assert export_main(["--ckpt", str(smoke_ckpt), "--format", "onnx", "--out", str(tmp_path / "m.onnx")]) == 0
     sidecar = json.loads((tmp_path / "m.onnx.json").read_text())["unknown"]
     assert sidecar["score"] == record["score"] and sidecar["threshold"] == record["threshold"]
-    assert np.allclose(sidecar["stats"]["means"], record["stats"]["means"].numpy())
+    assert set(sidecar["stats"]) == {"block_means", "block_precision", "block_center", "block_spread"}
+    assert np.allclose(sidecar["stats"]["block_precision"], record["stats"]["block_precision"].numpy())
     capsys.readouterr()
     assert predict_main(["--onnx", str(tmp_path / "m.onnx"), "--format", "json", *files]) == 0
     assert [r["unknown"] for r in json.loads(capsys.readouterr().out)] == torch_answers
@@ -156,7 +203,12 @@ def test_old_checkpoints_never_say_unknown_and_a_broken_record_is_one_line(smoke
     assert [r["unknown"] for r in json.loads(capsys.readouterr().out)] == [False] * 4
     ckpt["unknown"] = {"score": "knn", "threshold": 0.5, "stats": {"bank": torch.zeros(3, 7)}}
     torch.save(ckpt, tmp_path / "bad.ckpt")
-    with pytest.raises(CheckpointError, match=r"bad.ckpt: unknown statistics 'bank' do not fit a \d+-wide model"):
+    with pytest.raises(CheckpointError, match=r"bad.ckpt: unknown statistics 'bank' do not fit a \d+-wide, \d+-block"):
+        load_model(tmp_path / "bad.ckpt")
+    good = load_checkpoint(smoke_ckpt)["unknown"]
+    ckpt["unknown"] = {**good, "stats": {**good["stats"], "block_center": torch.zeros(7)}}  # not one per block
+    torch.save(ckpt, tmp_path / "bad.ckpt")
+    with pytest.raises(CheckpointError, match=r"bad.ckpt: unknown statistics 'block_center' do not fit"):
         load_model(tmp_path / "bad.ckpt")
     shutil.rmtree(tmp_path / "noise")
 

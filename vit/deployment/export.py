@@ -19,8 +19,9 @@ from vit.model.interop import timm_args, to_timm
 
 
 class LogitsAndFeatures(torch.nn.Module):
-    """The exported graph's two outputs: the logits (B, num_classes) and the pooled features the head reads (B, D),
-    which the unknown scores of vit/evaluation/unknown.py need (their statistics are in the sidecar)."""
+    """The exported graph's two outputs: the logits (B, num_classes) and the pooled features (B, L + 1, D): after
+    each block, then the head's; the unknown scores of vit/evaluation/unknown.py need them (their statistics are in
+    the sidecar)."""
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
@@ -106,7 +107,8 @@ def unknown_sidecar(record: dict | None) -> dict | None:
         return None
     needs = {"mahalanobis": ("means", "precision"), "knn": ("bank",),
              "relative_mahalanobis": ("means", "precision", "background_mean", "background_precision"),
-             "normalized_mahalanobis": ("normalized_means", "normalized_precision")}  # fmt: skip
+             "normalized_mahalanobis": ("normalized_means", "normalized_precision"),
+             "block_mahalanobis": ("block_means", "block_precision", "block_center", "block_spread")}  # fmt: skip
     stats = {k: record["stats"][k].tolist() for k in needs.get(record["score"], ())}
     return {"score": record["score"], "threshold": record["threshold"], "stats": stats}
 

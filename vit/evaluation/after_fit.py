@@ -15,6 +15,7 @@ from vit.evaluation.unknown import (
     ACCEPT,
     DEFAULT_SCORE,
     accept_threshold,
+    block_scale,
     feature_stats,
     features_of,
     unknown_scores,
@@ -75,6 +76,8 @@ def _unknown_record(model, train, dm: ImageClassificationData, device: torch.dev
         feats, _, targets = features_of(model, train, device)
         stats = feature_stats(feats, targets, dm.num_classes)
     feats, logits, _ = features_of(model, whole_val_batches(dm), device)
+    if stats is not None:
+        stats = block_scale(stats, feats)
     scores = unknown_scores(logits, feats, stats)
     thresholds = {name: accept_threshold(s) for name, s in scores.items()}
     score = DEFAULT_SCORE if DEFAULT_SCORE in thresholds else "energy"

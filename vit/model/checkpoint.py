@@ -68,13 +68,17 @@ def unknown_of(ckpt: dict, path, cfg: ViTConfig) -> dict | None:
     threshold = record.get("threshold") if isinstance(record, dict) else None
     if not isinstance(record.get("score") if stats is not None else None, str) or not isinstance(threshold, float):
         raise CheckpointError(f"{path}: its 'unknown' record has no score name, threshold and statistics")
-    d, c = cfg.embed_dim, cfg.num_classes
+    d, c, n = cfg.embed_dim, cfg.num_classes, cfg.depth
     shapes = {"means": (c, d), "precision": (d, d), "background_mean": (d,), "background_precision": (d, d),
-              "normalized_means": (c, d), "normalized_precision": (d, d)}  # fmt: skip
+              "normalized_means": (c, d), "normalized_precision": (d, d), "block_means": (n, c, d),
+              "block_precision": (n, d, d), "block_center": (n,), "block_spread": (n,)}  # fmt: skip
     for key, value in stats.items():
-        want = shapes.get(key)
-        if not isinstance(value, torch.Tensor) or (want and tuple(value.shape) != want) or value.shape[-1] != d:
-            raise CheckpointError(f"{path}: unknown statistics {key!r} do not fit a {d}-wide model of {c} classes")
+        want = shapes.get(key)  # otherwise (the bank): (K, D)
+        fits = isinstance(value, torch.Tensor) and (tuple(value.shape) == want if want else value.shape[-1] == d)
+        if not fits:
+            raise CheckpointError(
+                f"{path}: unknown statistics {key!r} do not fit a {d}-wide, {n}-block model of {c} classes"
+            )
     return record
 
 

@@ -362,8 +362,9 @@ class VisionTransformer(nn.Module):
             self._masks[key] = mask.to(device)
         return self._masks[key]
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> tokens (B, prefix + N, D) after the final norm."""
+    def forward_features(self, x: torch.Tensor, taps: list | None = None) -> torch.Tensor:
+        """(B, C, H, W) -> tokens (B, prefix + N, D) after the final norm; `taps` (a list): each block's output tokens
+        (B, prefix + N, D), before the final norm, are appended to it (the unknown-image scores read them)."""
         x, grid = self.patch_embed(x)
         pos = self.pos_embed_for(grid)
         if pos is not None:
@@ -377,6 +378,8 @@ class VisionTransformer(nn.Module):
         rope = self.rope_for(grid, x.device) if self.use_rope else None
         for blk in self.blocks:
             x = blk(x, mask, rope)
+            if taps is not None:
+                taps.append(x)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
