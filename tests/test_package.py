@@ -177,6 +177,36 @@ def test_commands_sit_above_the_functions_they_call():
     assert below == [], below
 
 
+# The style guide's sizes (issue 40): a module past ~450 lines holds two ideas, a function past ~80 lines does too.
+MODULE_LINES, FUNCTION_LINES = 460, 80
+
+
+def _too_long(root: Path) -> list[str]:
+    import ast
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > MODULE_LINES:
+            found.append(f"{path.relative_to(root)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > FUNCTION_LINES:
+                    found.append(f"{path.relative_to(root)}: {node.name} {lines} lines")
+    return found
+
+
+def test_no_module_or_function_past_the_style_guides_size(tmp_path):
+    assert _too_long(ROOT / "vit") == []
+    # the check finds a long function and a long module
+    (tmp_path / "long.py").write_text("def f():\n" + "    x = 1\n" * FUNCTION_LINES + "\n" * MODULE_LINES)
+    assert _too_long(tmp_path) == [
+        f"long.py: {MODULE_LINES + FUNCTION_LINES + 1} lines",
+        f"long.py: f {FUNCTION_LINES + 1} lines",
+    ]
+
+
 def test_torch_is_required_at_a_version_whose_weights_only_load_holds():
     """torch.load(weights_only=True) can be bypassed in torch <= 2.5.1 (CVE-2025-32434): "checkpoints are data, not
     code" needs torch >= 2.6 on any install the package allows."""

@@ -150,6 +150,14 @@ class ViTClassifier(L.LightningModule):
                 num_classes=num_classes,
             )
             self.soft_ce = SoftTargetCrossEntropy()
+        self._add_metrics(num_classes)
+        self._guard, self._guard_on_device, self._skipped = NonFiniteGuard(), False, 0
+        self._grad_norm: torch.Tensor | None = None  # () of this step's gradients, set in on_before_optimizer_step
+        self._frozen: list[torch.nn.Parameter] = []  # backbone parameters whose gradients a DDP step drops
+        self._log_prior: torch.Tensor | None = None  # (C,) tau * log(class shares), set in on_fit_start
+
+    def _add_metrics(self, num_classes: int) -> None:
+        """Top-1 / top-5 and the confusion counts, counted on the device without a host read (training/metrics.py)."""
         top5 = min(5, num_classes)
         self.train_acc = TopKAccuracy(1)
         self.val_acc = TopKAccuracy(1)
@@ -157,10 +165,6 @@ class ViTClassifier(L.LightningModule):
         self.val_counts = ConfusionCounts(num_classes)  # val/acc_balanced and val/f1_macro, once an epoch
         self.test_acc = TopKAccuracy(1)
         self.test_acc5 = TopKAccuracy(top5)
-        self._guard, self._guard_on_device, self._skipped = NonFiniteGuard(), False, 0
-        self._grad_norm: torch.Tensor | None = None  # () of this step's gradients, set in on_before_optimizer_step
-        self._frozen: list[torch.nn.Parameter] = []  # backbone parameters whose gradients a DDP step drops
-        self._log_prior: torch.Tensor | None = None  # (C,) tau * log(class shares), set in on_fit_start
 
     def configure_model(self) -> None:
         # In place, so that state-dict keys stay `model.*` (self.model = torch.compile(...) would add `_orig_mod.`).
