@@ -3,6 +3,7 @@ validation set, and every output that carries it (vit-predict table/JSON/CSV, vi
 checkpoints never say unknown."""
 
 import json
+import math
 import shutil
 
 import numpy as np
@@ -23,8 +24,11 @@ from vit.evaluation.unknown import (
     block_scale,
     feature_stats,
     fpr_at_tpr,
+    pooled_features,
+    reject_threshold,
     unknown_scores,
 )
+from vit.model import VisionTransformer, ViTConfig
 from vit.model.checkpoint import CheckpointError, load_checkpoint, load_model
 
 
@@ -103,9 +107,6 @@ def test_the_blocks_score_sums_each_blocks_standardised_distance_and_the_model_g
     # the head's scores read the last entry only: the far head feature moves them, not the blocks' score
     assert s["mahalanobis"] < -20 and s["block_mahalanobis"] > -10
     # the model's pooled features: the mean patch token after each block (before the final norm), then the head's
-    from vit.evaluation.unknown import pooled_features
-    from vit.model import ViTConfig, VisionTransformer
-
     torch.manual_seed(0)
     model = VisionTransformer(ViTConfig(img_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=2, num_classes=5))
     model.eval()
@@ -120,6 +121,24 @@ def test_the_blocks_score_sums_each_blocks_standardised_distance_and_the_model_g
     torch.testing.assert_close(feats[:, :3], torch.stack(seen[:3], 1))
     torch.testing.assert_close(logits, reference)
     torch.testing.assert_close(model.head(feats[:, -1]), reference)
+
+
+def test_the_stored_threshold_rejects_at_most_5_percent_of_new_images_like_the_validation_ones():
+    g = torch.Generator().manual_seed(0)
+    rejected = []
+    for n in (60, 295, 1000):  # a small validation split (the cells: 295) and a larger one
+        for _ in range(400):
+            val, new = torch.randn(n, generator=g), torch.randn(2000, generator=g)
+            t = reject_threshold(val)
+            k = math.floor((1 - ACCEPT) * (n + 1))
+            assert int((val < t).sum()) == k - 1  # the k - 1 validation scores below the k-th lowest
+            rejected.append((n, float((new < t).double().mean()), float((new < accept_threshold(val)).double().mean())))
+        conformal = sum(r for m, r, _ in rejected if m == n) / 400
+        quantile = sum(q for m, _, q in rejected if m == n) / 400
+        # expected k / (n + 1) <= 5%; the plain quantile rejects 5% of the validation images and more of new ones
+        assert conformal == pytest.approx(k / (n + 1), abs=0.003) and conformal <= 1 - ACCEPT + 0.003
+        assert quantile > conformal
+    assert reject_threshold(torch.arange(10.0)) == 0.0  # under 19 images: only what lies below them all
 
 
 def _noise_folder(folder, n=24, size=32):
@@ -142,7 +161,9 @@ def test_fit_stores_a_threshold_that_accepts_95_percent_of_validation(smoke_run,
                       "--ood", str(_noise_folder(tmp_path / "noise"))]) == 0  # fmt: skip
     metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
     rejected = metrics["unknown"]["rejected"]
-    assert abs(rejected - (1 - ACCEPT)) <= 1.5 / metrics["n"] + 1e-9, rejected
+    # split conformal: the k-th lowest of n validation scores, k = floor(0.05 (n + 1)); the k - 1 below it rejected
+    n = metrics["n"]
+    assert rejected == pytest.approx((math.floor((1 - ACCEPT) * (n + 1)) - 1) / n), rejected
     assert len(metrics["unknown"]["rejected_per_class"]) == 10
     ood = metrics["ood"]
     assert set(ood) >= {"msp", "energy", "relative_mahalanobis", "normalized_mahalanobis", "knn",

@@ -14,10 +14,10 @@ from vit.evaluation.scores import balanced_accuracy
 from vit.evaluation.unknown import (
     ACCEPT,
     DEFAULT_SCORE,
-    accept_threshold,
     block_scale,
     feature_stats,
     features_of,
+    reject_threshold,
     unknown_scores,
 )
 
@@ -79,7 +79,7 @@ def _unknown_record(model, train, dm: ImageClassificationData, device: torch.dev
     if stats is not None:
         stats = block_scale(stats, feats)
     scores = unknown_scores(logits, feats, stats)
-    thresholds = {name: accept_threshold(s) for name, s in scores.items()}
+    thresholds = {name: reject_threshold(s) for name, s in scores.items()}
     score = DEFAULT_SCORE if DEFAULT_SCORE in thresholds else "energy"
     return {"score": score, "threshold": thresholds[score], "accept": ACCEPT, "thresholds": thresholds,
             "stats": stats or {}}  # fmt: skip
@@ -87,9 +87,9 @@ def _unknown_record(model, train, dm: ImageClassificationData, device: torch.dev
 
 def unknown_after_fit(paths: list[str], dm: ImageClassificationData, device: torch.device) -> str:
     """Rejection for each checkpoint (the best first): the pooled features' statistics on the training images (no
-    augmentation), every score's threshold at ACCEPT of the validation images (never the training ones, which the
-    model has fitted), stored in the file under "unknown"; vit-predict, vit-serve, vit-eval and the ONNX sidecar
-    apply the DEFAULT_SCORE's (vit/evaluation/unknown.py)."""
+    augmentation), every score's threshold from the validation images, so that at most 1 - ACCEPT of new images like
+    them is rejected (never from the training ones, which the model has fitted), stored in the file under "unknown";
+    vit-predict, vit-serve, vit-eval and the ONNX sidecar apply the DEFAULT_SCORE's (vit/evaluation/unknown.py)."""
     from vit.model.checkpoint import load_checkpoint, load_model
     from vit.training.checkpoint_io import AtomicCheckpointIO
 
@@ -108,6 +108,6 @@ def unknown_after_fit(paths: list[str], dm: ImageClassificationData, device: tor
         AtomicCheckpointIO().save_checkpoint(ckpt, path)
         chosen.append((record["score"], len(record["thresholds"])))
     return (
-        f"unknown: {chosen[0][0]} below its threshold says 'unknown' (set to accept {ACCEPT:.0%} of the validation "
-        f"images); {chosen[0][1]} scores stored for vit-eval --ood"
+        f"unknown: {chosen[0][0]} below its threshold says 'unknown' (set on the validation images to accept at least "
+        f"{ACCEPT:.0%} of images like them); {chosen[0][1]} scores stored for vit-eval --ood"
     )
