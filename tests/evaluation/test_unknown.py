@@ -260,3 +260,14 @@ def test_best_and_last_with_the_same_weights_are_measured_once(smoke_run, smoke_
         load_checkpoint(other)["unknown"]["thresholds"]["max_logit"]
         != load_checkpoint(best)["unknown"]["thresholds"]["max_logit"]
     )
+    # after fit, the temperature and the thresholds read one validation pass per distinct weights
+    passes = []
+    real_features = after_fit.features_of
+    monkeypatch.setattr(after_fit, "features_of", lambda *a: passes.append(1) or real_features(*a))
+    outputs = after_fit.validation_outputs([str(best), str(last), str(other)], dm, torch.device("cpu"))
+    assert len(passes) == 2 and outputs[str(best)] is outputs[str(last)]
+    after_fit.calibrate_after_fit(outputs, dm, None, 0)
+    after_fit.unknown_after_fit([str(best), str(last), str(other)], dm, torch.device("cpu"), outputs)
+    assert len(passes) == 4  # the training images of the two weights; no second validation pass
+    assert load_checkpoint(best)["calibration"] == load_checkpoint(last)["calibration"]
+    assert load_checkpoint(best)["unknown"]["threshold"] == load_checkpoint(last)["unknown"]["threshold"]

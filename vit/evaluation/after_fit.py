@@ -35,14 +35,32 @@ def adjust_after_fit(paths: list[str], dm: ImageClassificationData, device: torc
     )
 
 
+def validation_outputs(paths: list[str], dm: ImageClassificationData, device: torch.device) -> dict[str, tuple]:
+    """{path: (pooled features (N, L + 1, D), logits (N, C), targets (N,))} of each checkpoint on the validation set,
+    one pass per distinct weights (best and last of a run that ended on its best epoch hold the same): the
+    temperature and the rejection thresholds both read them."""
+    from vit.model.checkpoint import load_model
+
+    outputs, done = {}, []  # done: (state_dict, outputs) of the weights already passed
+    for path in dict.fromkeys(paths):
+        model, _ = load_model(path)
+        state = model.state_dict()
+        found = next((out for seen, out in done if _same_weights(seen, state)), None)
+        outputs[path] = found or features_of(model, whole_val_batches(dm), device)
+        if found is None:
+            done.append((state, outputs[path]))
+    return outputs
+
+
 def calibrate_after_fit(
-    paths: list[str], dm: ImageClassificationData, device: torch.device, tb: TensorBoardLogger | None, step: int
+    outputs: dict[str, tuple], dm: ImageClassificationData, tb: TensorBoardLogger | None, step: int
 ) -> str:
-    """A temperature for each checkpoint (the best first), fitted on the validation set (vit/evaluation/
-    calibration.py); the best one's accuracy and balanced accuracy, and to TensorBoard (when there is one) its
-    calibration and confusion matrix under eval/."""
-    best = calibrate_checkpoints(paths, whole_val_batches(dm), device)[paths[0]]
-    logits, targets = best["_logits"]
+    """A temperature for each checkpoint (the best first), fitted on its validation outputs (validation_outputs;
+    vit/evaluation/calibration.py); the best one's accuracy and balanced accuracy, and to TensorBoard (when there is
+    one) its calibration and confusion matrix under eval/."""
+    best = calibrate_checkpoints({path: (logits, targets) for path, (_, logits, targets) in outputs.items()})
+    best = best[next(iter(outputs))]
+    _, logits, targets = next(iter(outputs.values()))
     pred = logits.argmax(-1)
     cm = multiclass_confusion_matrix(pred, targets, dm.num_classes)
     recall = cm.diag().double() / cm.sum(dim=1).clamp(min=1)  # (C,): 0 for a class without images
@@ -69,13 +87,14 @@ def _same_weights(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _unknown_record(model, train, dm: ImageClassificationData, device: torch.device) -> dict:
-    """One model's rejection record: statistics of the training features, every score's threshold on validation."""
+def _unknown_record(model, train, dm: ImageClassificationData, device: torch.device, val: tuple | None) -> dict:
+    """One model's rejection record: statistics of the training features, every score's threshold on validation
+    (`val`: its validation outputs, or None to pass over the validation set here)."""
     stats = None
     if train is not None:
         feats, _, targets = features_of(model, train, device)
         stats = feature_stats(feats, targets, dm.num_classes)
-    feats, logits, _ = features_of(model, whole_val_batches(dm), device)
+    feats, logits, _ = val or features_of(model, whole_val_batches(dm), device)
     if stats is not None:
         stats = block_scale(stats, feats)
     scores = unknown_scores(logits, feats, stats)
@@ -85,11 +104,14 @@ def _unknown_record(model, train, dm: ImageClassificationData, device: torch.dev
             "stats": stats or {}}  # fmt: skip
 
 
-def unknown_after_fit(paths: list[str], dm: ImageClassificationData, device: torch.device) -> str:
+def unknown_after_fit(
+    paths: list[str], dm: ImageClassificationData, device: torch.device, outputs: dict[str, tuple] | None = None
+) -> str:
     """Rejection for each checkpoint (the best first): the pooled features' statistics on the training images (no
     augmentation), every score's threshold from the validation images, so that at most 1 - ACCEPT of new images like
     them is rejected (never from the training ones, which the model has fitted), stored in the file under "unknown";
-    vit-predict, vit-serve, vit-eval and the ONNX sidecar apply the DEFAULT_SCORE's (vit/evaluation/unknown.py)."""
+    vit-predict, vit-serve, vit-eval and the ONNX sidecar apply the DEFAULT_SCORE's (vit/evaluation/unknown.py).
+    `outputs`: the checkpoints' validation outputs (validation_outputs), if already passed."""
     from vit.model.checkpoint import load_checkpoint, load_model
     from vit.training.checkpoint_io import AtomicCheckpointIO
 
@@ -101,7 +123,7 @@ def unknown_after_fit(paths: list[str], dm: ImageClassificationData, device: tor
         # best and last of a run that ended on its best epoch hold the same weights: the same record, measured once
         record = next((r for seen, r in done if _same_weights(seen, state)), None)
         if record is None:
-            record = _unknown_record(model, train, dm, device)
+            record = _unknown_record(model, train, dm, device, (outputs or {}).get(path))
             done.append((state, record))
         ckpt = load_checkpoint(path)
         ckpt["unknown"] = record
