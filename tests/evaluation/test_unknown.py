@@ -106,6 +106,11 @@ def test_the_blocks_score_sums_each_blocks_standardised_distance_and_the_model_g
     torch.testing.assert_close(s["block_mahalanobis"], -sum(z)[None], rtol=1e-3, atol=1e-3)
     # the head's scores read the last entry only: the far head feature moves them, not the blocks' score
     assert s["mahalanobis"] < -20 and s["block_mahalanobis"] > -10
+    # a record made before the blocks' statistics (the head's only) scores these features by their last entry
+    old = {k: v for k, v in stats.items() if not k.startswith("block_")}
+    before = unknown_scores(torch.zeros(1, 2), x, old)
+    assert "block_mahalanobis" not in before
+    torch.testing.assert_close(before["mahalanobis"], unknown_scores(torch.zeros(1, 2), x[:, -1], old)["mahalanobis"])
     # the model's pooled features: the mean patch token after each block (before the final norm), then the head's
     torch.manual_seed(0)
     model = VisionTransformer(ViTConfig(img_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=2, num_classes=5))
