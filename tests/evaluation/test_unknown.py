@@ -276,3 +276,42 @@ def test_best_and_last_with_the_same_weights_are_measured_once(smoke_run, smoke_
     assert len(passes) == 4  # the training images of the two weights; no second validation pass
     assert load_checkpoint(best)["calibration"] == load_checkpoint(last)["calibration"]
     assert load_checkpoint(best)["unknown"]["threshold"] == load_checkpoint(last)["unknown"]["threshold"]
+
+
+def test_an_export_and_a_record_from_before_the_blocks_still_say_unknown_alike(
+    smoke_ckpt, tmp_path, capsys, monkeypatch
+):
+    """Before the blocks' features: the ONNX graph's features were the head's (B, D), the record's score `mahalanobis`
+    with the head's statistics. Such an export applies its sidecar; such a checkpoint scores today's features by their
+    last entry; both give the same answers, some unknown and some not."""
+    import onnxruntime as ort
+
+    import vit.deployment.export as export_module
+    from vit.commands.eval import FileBatches
+    from vit.evaluation.unknown import features_of
+
+    def head_features(model, x):  # what pooled_features returned before the blocks
+        feats = model.forward_head(model.forward_features(x), pre_logits=True)
+        return feats, model.head(feats)
+
+    files = sorted(map(str, _noise_folder(tmp_path / "noise", n=8).glob("*.png")))
+    model, hp = load_model(smoke_ckpt)
+    feats, logits, _ = features_of(model, FileBatches(files, [0] * 8, hp, 8, 0, torch.device("cpu")), "cpu")
+    ckpt = load_checkpoint(smoke_ckpt)
+    stats = {k: ckpt["unknown"]["stats"][k] for k in ("means", "precision")}
+    scores = unknown_scores(logits, feats[:, -1], stats, names=("mahalanobis",))["mahalanobis"]
+    threshold = float(scores.sort().values[3:5].mean())  # half below it, none within rounding of it
+    ckpt["unknown"] = {"score": "mahalanobis", "threshold": threshold, "stats": stats}
+    torch.save(ckpt, tmp_path / "old.ckpt")
+    monkeypatch.setattr(export_module, "pooled_features", head_features)
+    assert (
+        export_main(["--ckpt", str(tmp_path / "old.ckpt"), "--format", "onnx", "--out", str(tmp_path / "m.onnx")]) == 0
+    )
+    monkeypatch.undo()
+    assert len(ort.InferenceSession(str(tmp_path / "m.onnx")).get_outputs()[1].shape) == 2  # (B, D), as then
+    capsys.readouterr()
+    assert predict_main(["--ckpt", str(tmp_path / "old.ckpt"), "--format", "json", *files]) == 0
+    from_checkpoint = [r["unknown"] for r in json.loads(capsys.readouterr().out)]
+    assert from_checkpoint == (scores < threshold).tolist() and 0 < sum(from_checkpoint) < 8
+    assert predict_main(["--onnx", str(tmp_path / "m.onnx"), "--format", "json", *files]) == 0
+    assert [r["unknown"] for r in json.loads(capsys.readouterr().out)] == from_checkpoint
