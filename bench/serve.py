@@ -36,6 +36,15 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from vit.evaluation.unknown import (  # noqa: E402
+    ACCEPT,
+    DEFAULT_SCORE,
+    block_scale,
+    feature_stats,
+    pooled_features,
+    reject_threshold,
+    unknown_scores,
+)
 from vit.model.checkpoint import load_model  # noqa: E402
 from vit.model.config import ViTConfig  # noqa: E402
 from vit.model.vision_transformer import VisionTransformer  # noqa: E402
@@ -48,11 +57,21 @@ MODELS = {
 
 
 def random_checkpoint(name: str, folder: Path) -> Path:
+    """Random weights with a rejection record as fit makes one (statistics of its features on random images), so
+    that the server does its per-batch unknown check as it does for a trained checkpoint."""
     cfg = ViTConfig(num_classes=10, **MODELS[name])
-    model = VisionTransformer(cfg)
+    model = VisionTransformer(cfg).eval()
     hp = {"arch": cfg.to_dict(), "class_names": [str(i) for i in range(10)], "mean": [0.5] * 3, "std": [0.25] * 3}
+    with torch.inference_mode():
+        feats, logits = pooled_features(model, torch.randn(256, 3, cfg.img_size, cfg.img_size))
+    stats = block_scale(feature_stats(feats, torch.arange(256) % 10, 10), feats)
+    scores = unknown_scores(logits, feats, stats)
+    thresholds = {k: reject_threshold(v) for k, v in scores.items()}
+    unknown = {"score": DEFAULT_SCORE, "threshold": thresholds[DEFAULT_SCORE], "accept": ACCEPT,
+               "thresholds": thresholds, "stats": stats}  # fmt: skip
     path = folder / f"{name}.ckpt"
-    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "hyper_parameters": hp}, path)
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state, "hyper_parameters": hp, "unknown": unknown}, path)
     return path
 
 
