@@ -492,6 +492,35 @@ def test_small_uploads_decode_on_the_loop_large_ones_in_a_thread_and_the_limit_h
     assert hops == [1_000_000, 1_000_000]
 
 
+def test_a_cpu_server_splits_its_cores_between_two_workers_and_each_worker_takes_its_share(smoke_ckpt, monkeypatch):
+    """On a CPU the server runs CPU_WORKERS model workers, each on cores // workers intra-op threads (set in the worker
+    process by ViTAPI.setup); --workers wins; a GPU keeps one worker and torch's threads."""
+    import vit.commands.serve as cmd
+    from vit.deployment import serve
+
+    assert cmd.CPU_WORKERS == 2
+    assert cmd.worker_layout("cpu", None, 2) == (2, 1) and cmd.worker_layout("cpu", None, 16) == (2, 8)
+    assert cmd.worker_layout("cpu", None, 1) == (1, 1) and cmd.worker_layout("cpu", 3, 8) == (3, 2)
+    assert cmd.worker_layout("cuda", None, 16) == (1, None) and cmd.worker_layout("cuda", 2, 16) == (2, None)
+
+    monkeypatch.setattr(cmd.torch, "get_num_threads", lambda: 6)
+    server = cmd.build_server(cmd.build_parser().parse_args(["--ckpt", str(smoke_ckpt), "--device", "cpu"]))
+    assert server.workers_per_device == 2 and server.litapi_connector.lit_apis[0].threads == 3
+    server = cmd.build_server(
+        cmd.build_parser().parse_args(["--ckpt", str(smoke_ckpt), "--device", "cpu", "--workers", "3"])
+    )
+    assert server.workers_per_device == 3 and server.litapi_connector.lit_apis[0].threads == 2
+    monkeypatch.undo()
+
+    before = torch.get_num_threads()
+    try:
+        api = serve.ViTAPI(smoke_ckpt, threads=before + 2)
+        api.setup("cpu")
+        assert torch.get_num_threads() == before + 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_api_servers_reach_litserve_and_a_cpu_worker_waits_passively(smoke_ckpt, monkeypatch):
     """--api-servers is LitServe's num_api_servers (default 2); on the CPU the model worker's OpenMP threads sleep
     instead of spinning on the cores the HTTP processes need, unless the user chose otherwise."""

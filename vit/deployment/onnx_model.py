@@ -40,9 +40,10 @@ class OnnxError(ValueError):
     """An ONNX file or its sidecar that cannot be used; the message names the file."""
 
 
-def load_onnx(path: str | Path) -> tuple[OnnxClassifier, dict]:
-    """The model and the hyper-parameters predict needs (img_size, in_chans, mean, std, class_names, temperature),
-    read from `<path>.json`, which vit-export writes beside the model."""
+def load_onnx(path: str | Path, threads: int | None = None) -> tuple[OnnxClassifier, dict]:
+    """The model (run on `threads` intra-op threads; None: ONNX Runtime's default) and the hyper-parameters predict
+    needs (img_size, in_chans, mean, std, class_names, temperature), read from `<path>.json`, which vit-export writes
+    beside the model."""
     path = Path(path)
     meta = Path(f"{path}.json")
     if not path.is_file():
@@ -57,7 +58,7 @@ def load_onnx(path: str | Path) -> tuple[OnnxClassifier, dict]:
     if missing:
         raise OnnxError(f"{meta}: no {', '.join(missing)}")
     try:
-        model = OnnxClassifier(path)
+        model = OnnxClassifier(path, threads)
     except Exception as e:  # onnxruntime raises its own types for a broken graph
         raise OnnxError(f"{path}: ONNX Runtime cannot load it ({str(e).splitlines()[0]})") from None
     unknown = hparams.get("unknown")

@@ -283,13 +283,18 @@ class ViTAPI(ls.LitAPI):
     """LitServe's side of vit-serve: loads the checkpoint (as data, never code) on its device, classifies batches of
     decoded images, and draws the class-specific relevance (or rollout) of the predicted class where asked."""
 
-    def __init__(self, ckpt: str | Path, max_batch_size: int = 32, batch_timeout: float = 0.01, onnx: bool = False):
+    def __init__(self, ckpt: str | Path, max_batch_size: int = 32, batch_timeout: float = 0.01, onnx: bool = False,
+                 threads: int | None = None):  # fmt: skip
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
         self.ckpt, self.onnx = str(ckpt), onnx  # onnx: `ckpt` is an exported model (vit/deployment/onnx_model.py)
+        # intra-op threads of this worker on a CPU (vit.commands.serve.worker_layout); None: torch's own count
+        self.threads = threads
         self.batches: list[int] = []  # batch sizes seen, for tests and the bench (in the worker process)
 
     def setup(self, device: str) -> None:
-        self.model, self.hparams = load_onnx(self.ckpt) if self.onnx else load_model(self.ckpt)
+        if self.threads and device == "cpu":
+            torch.set_num_threads(self.threads)  # this worker process's share of the cores
+        self.model, self.hparams = load_onnx(self.ckpt, threads=self.threads) if self.onnx else load_model(self.ckpt)
         self.model = self.model.to(device).eval()
         self.device = torch.device(device)
         self.names = class_names(self.model, self.hparams)
