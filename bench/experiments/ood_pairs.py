@@ -3,7 +3,7 @@
     python bench/experiments/ood_pairs.py OUT.jsonl --ckpt CKPT --ood far:DIR near:DIR ...
 
 For a checkpoint trained before rejection existed, the statistics are made first, as `vit-train fit` makes them at
-its end (vit/evaluation/after_fit.py's unknown_after_fit on the training data its record names, on a copy of the
+its end (vit/evaluation/after_fit.py's measure_after_fit on the training data its record names, on a copy of the
 file); then `vit-eval --split val --ood DIR` scores every candidate against each folder. One row per folder:
 AUROC and FPR at 95% TPR of each score, the share of the validation split the default rejects, and the accuracy on
 what it accepts. docs/evaluation.md, "Unknown images", has the table.
@@ -21,7 +21,7 @@ import torch
 from vit.commands.eval import main as eval_main
 from vit.commands.eval import training_data
 from vit.data.folder import ImageFolderDataModule
-from vit.evaluation.after_fit import unknown_after_fit
+from vit.evaluation.after_fit import measure_after_fit, unknown_line
 from vit.model.checkpoint import load_checkpoint
 
 
@@ -38,7 +38,7 @@ def with_statistics(ckpt: Path, folder: Path, score: str | None = None) -> Path:
     else:
         dm = training_data(str(copy), raw, hp)
     dm.setup("fit")
-    print(unknown_after_fit([str(copy)], dm, torch.device("cpu")), file=sys.stderr)
+    print(unknown_line(measure_after_fit([str(copy)], dm, torch.device("cpu"))[str(copy)]), file=sys.stderr)
     if score is not None:
         raw = torch.load(copy, map_location="cpu", weights_only=True)
         raw["unknown"] |= {"score": score, "threshold": raw["unknown"]["thresholds"][score]}

@@ -438,24 +438,33 @@ def test_big_decodes_stay_bounded_and_sigterm_stops_every_process(server, served
 
 
 def test_an_int8_onnx_export_serves_vit_predicts_answers_without_maps(smoke_ckpt, images, tmp_path, capsys):
+    """`vit-serve --onnx` in-process: the server the command builds, its model worker set up on the CPU and fed the
+    uploads as the HTTP side decodes them, answers as `vit-predict --onnx` does, with no map. (The HTTP side is the
+    same for either model and is served end to end by the other tests; a second server start cost 20 s here.)"""
+    import vit.commands.serve as cmd
     from vit.commands.export import main as export_main
+    from vit.deployment.serve import decode_upload
 
     onnx = tmp_path / "m-int8.onnx"
     assert export_main(["--ckpt", str(smoke_ckpt), "--format", "onnx", "--quantize", "int8", "--out", str(onnx)]) == 0
     capsys.readouterr()
     assert predict_main(["--onnx", str(onnx), "--format", "json", "--topk", "3", *map(str, images[:4])]) == 0
     expected = json.loads(capsys.readouterr().out)
-    proc, url = start_server(onnx, "--device", "cpu", model_flag="--onnx")
+    server = cmd.build_server(cmd.build_parser().parse_args(["--onnx", str(onnx)]))
+    api = server.litapi_connector.lit_apis[0]
+    before = torch.get_num_threads()
     try:
-        for path, rec in zip(images[:4], expected):
-            status, answer = upload(url, path.read_bytes(), "topk=3&map=relevance")
-            assert status == 200, answer
-            assert [p["label"] for p in answer["predictions"]] == [p["label"] for p in rec["predictions"]], path
-            assert answer["unknown"] is rec["unknown"] and answer["map"] is None
-        info = request(f"{url}/info")[1]["model"]
-        assert info["arch"] is None and info["classes"][:2] == ["0", "1"] and info["checkpoint"] == onnx.name
+        api.setup("cpu")
     finally:
-        stop_server(proc)
+        torch.set_num_threads(before)
+    assert api.onnx and api.model.session.get_session_options().intra_op_num_threads == api.threads
+    side, chans = api.hparams["img_size"], api.hparams.get("in_chans", 3)
+    items = [(decode_upload(p.read_bytes(), side, chans, 10**6), 3, "relevance", False) for p in images[:4]]
+    for answer, rec, path in zip(api.predict(items), expected, images[:4]):
+        assert [p["label"] for p in answer["predictions"]] == [p["label"] for p in rec["predictions"]], path
+        assert answer["unknown"] is rec["unknown"] and answer["map"] is None
+    info = server.model_metadata
+    assert info["arch"] is None and info["classes"][:2] == ["0", "1"] and info["checkpoint"] == onnx.name
 
 
 def test_small_uploads_decode_on_the_loop_large_ones_in_a_thread_and_the_limit_holds(monkeypatch):

@@ -240,14 +240,13 @@ def test_old_checkpoints_never_say_unknown_and_a_broken_record_is_one_line(smoke
 
 
 def test_best_and_last_with_the_same_weights_are_measured_once(smoke_run, smoke_ckpt, tmp_path, monkeypatch):
-    """unknown_after_fit: a run that ended on its best epoch has best == last in weights; the record is measured once
-    and written to both. Files with other weights are measured on their own."""
+    """measure_after_fit: a run that ended on its best epoch has best == last in weights; they are measured once (one
+    validation pass, one training pass) and both files get the same temperature and rejection record. Files with
+    other weights are measured on their own. Each file is read once and written once."""
     import vit.evaluation.after_fit as after_fit
-    from vit.model.checkpoint import load_checkpoint
+    import vit.model.checkpoint as checkpoint
+    from vit.training.checkpoint_io import AtomicCheckpointIO
 
-    measured = []
-    real = after_fit._unknown_record
-    monkeypatch.setattr(after_fit, "_unknown_record", lambda model, *a: measured.append(1) or real(model, *a))
     best, last, other = (tmp_path / f"{n}.ckpt" for n in ("best", "last", "other"))
     for path in (best, last, other):
         shutil.copy(smoke_ckpt, path)
@@ -255,27 +254,30 @@ def test_best_and_last_with_the_same_weights_are_measured_once(smoke_run, smoke_
     key = next(k for k in raw["state_dict"] if k.endswith("head.weight"))
     raw["state_dict"][key] = raw["state_dict"][key] * 2  # other weights: other logits, other thresholds
     torch.save(raw, other)
-    dm = smoke_run.cli.datamodule
-    after_fit.unknown_after_fit([str(best), str(last)], dm, torch.device("cpu"))
-    assert len(measured) == 1
-    assert load_checkpoint(best)["unknown"]["threshold"] == load_checkpoint(last)["unknown"]["threshold"]
-    after_fit.unknown_after_fit([str(best), str(other)], dm, torch.device("cpu"))
-    assert len(measured) == 3
-    assert (
-        load_checkpoint(other)["unknown"]["thresholds"]["max_logit"]
-        != load_checkpoint(best)["unknown"]["thresholds"]["max_logit"]
+    passes, reads, writes = [], [], []
+    real_features, real_read, real_write = (
+        after_fit.features_of,
+        checkpoint.load_checkpoint,
+        AtomicCheckpointIO.save_checkpoint,
     )
-    # after fit, the temperature and the thresholds read one validation pass per distinct weights
-    passes = []
-    real_features = after_fit.features_of
     monkeypatch.setattr(after_fit, "features_of", lambda *a: passes.append(1) or real_features(*a))
-    outputs = after_fit.validation_outputs([str(best), str(last), str(other)], dm, torch.device("cpu"))
-    assert len(passes) == 2 and outputs[str(best)] is outputs[str(last)]
-    after_fit.calibrate_after_fit(outputs, dm, None, 0)
-    after_fit.unknown_after_fit([str(best), str(last), str(other)], dm, torch.device("cpu"), outputs)
-    assert len(passes) == 4  # the training images of the two weights; no second validation pass
-    assert load_checkpoint(best)["calibration"] == load_checkpoint(last)["calibration"]
-    assert load_checkpoint(best)["unknown"]["threshold"] == load_checkpoint(last)["unknown"]["threshold"]
+    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda p, *a: reads.append(p) or real_read(p, *a))
+    monkeypatch.setattr(
+        AtomicCheckpointIO, "save_checkpoint", lambda self, c, p: writes.append(p) or real_write(self, c, p)
+    )
+    dm = smoke_run.cli.datamodule
+    measured = after_fit.measure_after_fit([str(best), str(last), str(other)], dm, torch.device("cpu"))
+    assert len(passes) == 4  # validation and training images of the two distinct weights
+    assert sorted(map(str, reads)) == sorted(map(str, writes)) == sorted(map(str, (best, last, other)))
+    assert measured[str(best)] is measured[str(last)] is not measured[str(other)]
+    read = {p: torch.load(p, map_location="cpu", weights_only=True) for p in (best, last, other)}
+    assert read[best]["calibration"] == read[last]["calibration"] == measured[str(best)]["calibration"]
+    assert read[best]["unknown"]["threshold"] == read[last]["unknown"]["threshold"]
+    assert read[other]["unknown"]["thresholds"]["max_logit"] != read[best]["unknown"]["thresholds"]["max_logit"]
+    assert read[other]["calibration"]["temperature"] != read[best]["calibration"]["temperature"]
+    line = after_fit.calibration_lines(measured[str(best)], dm, None, 0)
+    assert f"temperature {read[best]['calibration']['temperature']:.3f}" in line and "balanced accuracy" in line
+    assert after_fit.unknown_line(measured[str(best)]).startswith(f"unknown: {read[best]['unknown']['score']} below")
 
 
 def test_an_export_and_a_record_from_before_the_blocks_still_say_unknown_alike(

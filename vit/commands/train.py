@@ -35,7 +35,7 @@ from vit.data.base import ImageClassificationData
 from vit.data.folder import default_memory_budget_gb
 from vit.data.sources import public_class_path
 from vit.data.transforms import DataError
-from vit.evaluation.after_fit import adjust_after_fit, calibrate_after_fit, unknown_after_fit, validation_outputs
+from vit.evaluation.after_fit import adjust_after_fit, calibration_lines, measure_after_fit, unknown_line
 from vit.evaluation.map_callback import AttentionMapCallback
 from vit.model.checkpoint import CheckpointError, load_checkpoint
 from vit.planning.estimate import RunEstimate
@@ -300,10 +300,10 @@ class ViTCLI(LightningCLI):
             if saved and self.model.hparams.get("posthoc_logit_adjust"):
                 if line := adjust_after_fit(saved, self.datamodule, device):
                     print(line)
-            if saved:  # one pass over the validation set per distinct weights, for the temperature and rejection
-                outputs = validation_outputs(saved, self.datamodule, device)
-                print(calibrate_after_fit(outputs, self.datamodule, tb, self.trainer.global_step))
-                print(unknown_after_fit(saved, self.datamodule, device, outputs))
+            if saved:  # the temperature and the rejection record: one read, one pass, one write per checkpoint
+                best = measure_after_fit(saved, self.datamodule, device)[saved[0]]
+                print(calibration_lines(best, self.datamodule, tb, self.trainer.global_step))
+                print(unknown_line(best))
         finally:  # the passes over the validation set after fit are a stage of their own: free its loader workers
             self.datamodule.teardown("validate")
 

@@ -73,21 +73,3 @@ def logits_of(model: torch.nn.Module, batches, device: torch.device) -> tuple[to
         out.append(model(x.to(device)).float().cpu())
         ys.append(y.cpu())
     return torch.cat(out), torch.cat(ys)
-
-
-def calibrate_checkpoints(outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, dict]:
-    """Fit a temperature for each checkpoint from its validation logits and targets ({path: ((N, C), (N,))}), store
-    the report in the file under "calibration" (beside, not in, the hyper-parameters, which a resume reads back as
-    the module's arguments), rewritten atomically; `vit.model.checkpoint.load_model` hands it on as
-    hparams["temperature"]. Returns {path: calibration_report}."""
-    from vit.model.checkpoint import load_checkpoint
-    from vit.training.checkpoint_io import AtomicCheckpointIO
-
-    reports = {}
-    for path, (logits, targets) in outputs.items():
-        report = calibration_report(logits, targets, fit_temperature(logits, targets))
-        ckpt = load_checkpoint(path)
-        ckpt["calibration"] = report
-        AtomicCheckpointIO().save_checkpoint(ckpt, path)
-        reports[path] = report
-    return reports

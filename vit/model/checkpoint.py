@@ -108,7 +108,11 @@ def field_problem(hparams: dict, cfg: ViTConfig) -> str | None:
 def load_model(path: str | Path) -> tuple[VisionTransformer, dict]:
     """The plain `VisionTransformer` of a training checkpoint, in eval mode, and its hyper-parameters, with the
     preprocessing facts at the top level: img_size, in_chans, mean, std, class_names."""
-    ckpt = load_checkpoint(path)
+    return model_of(load_checkpoint(path), path)
+
+
+def model_of(ckpt: dict, path: str | Path) -> tuple[VisionTransformer, dict]:
+    """load_model for a checkpoint already read (load_checkpoint); `path` names it in errors."""
     hparams = ckpt["hyper_parameters"]
     try:
         cfg = arch_from_hparams(hparams)
