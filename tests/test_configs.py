@@ -24,7 +24,9 @@ VARIANTS = sorted(p.name for p in (CONFIG_DIR / "variants").glob("*.yaml"))
 # The trainer's length and batch count, and how many images the attention-map callback draws and scores: none (its
 # 32 faithfulness curves were a third of a CIFAR config's test, and 2 images' curves still 2 s of a 384 x 7 one's 13 s;
 # tests/evaluation/test_callbacks.py checks the curves reach TensorBoard).
-LIMITS = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+# A limit of 1 is parsed as 1.0, all the batches (the Trainer's signature reads Union[float, int], and jsonargparse
+# tries float first): 2 is two batches.
+LIMITS = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=2"]
 LIMITS += ["--attention_maps.num_images=2", "--attention_maps.faithfulness_images=0"]
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 # The batch size changes no code path (Mixup/CutMix need an even one), and on a CPU without bf16 instructions (AVX2
@@ -62,11 +64,11 @@ def _data_for(config: str, root: Path, monkeypatch) -> list[str]:
         save_file(vit_s.state_dict(), str(snapshot / "model.safetensors"))
         monkeypatch.setenv("HF_HUB_CACHE", str(root / "hub"))
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-        # ViT-S/16 from the timm file, one step, at 32 px: its 14x14 position grid resampled to 2x2 (as any other
+        # ViT-S/16 from the timm file, two steps, at 32 px: its 14x14 position grid resampled to 2x2 (as any other
         # img_size would be; tests/model/test_interop.py checks the resampling). At the shipped 224 px, one bf16 step
         # did not end in 16 minutes on an AVX2-only CPU (bf16 matmuls fall back to a reference gemm there). Its maps
         # are off: the callback is tested on the small configs and in tests/evaluation/test_callbacks.py.
-        size = ["--data.init_args.img_size=32", "--trainer.limit_train_batches=1", "--attention_maps.every_n_epochs=0"]
+        size = ["--data.init_args.img_size=32", "--attention_maps.every_n_epochs=0"]
         return [*SMALL_BATCH, *size]
     if config == "folder.yaml":
         _png_folder(root / "images")

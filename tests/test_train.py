@@ -353,11 +353,17 @@ def test_bf16_on_a_cpu_where_it_measures_slower_is_said_before_training_and_in_t
     from conftest import SMOKE, fit_in
 
     speeds = {"32-true": 100.0, "bf16-mixed": bf16_speed}  # images/s of the timed steps at batch 2
+    checked = []
     monkeypatch.setattr(
-        "vit.planning.speed.calibrate", lambda archs, batch, device, precision, **kw: [speeds[precision]]
+        "vit.planning.speed.calibrate",
+        lambda archs, batch, device, precision, **kw: checked.append(precision) or [speeds[precision]],
     )
-    fit_in(in_tmp, ["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false", "--trainer.max_epochs", "1",
-                    "--trainer.logger", "false", "--trainer.precision", "bf16-mixed"])  # fmt: skip
+    args = ["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
+            "--trainer.precision", "bf16-mixed"]  # fmt: skip
+    fit_in(in_tmp, [*args, "--trainer.max_epochs", "1"])  # 4 steps: no longer than the check, which is left out
+    assert checked == [] and "slower than fp32" not in capsys.readouterr().out
+    fit_in(in_tmp, [*args, "--trainer.max_epochs", "2"])  # 8 steps
+    assert checked == ["32-true", "bf16-mixed"]
     lines = capsys.readouterr().out.splitlines()
     note = "bf16-mixed measured 10.0x slower than fp32 on this CPU: --trainer.precision 32-true"
     estimate = next(x for x in lines if x.startswith("this recipe: "))

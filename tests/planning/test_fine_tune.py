@@ -36,7 +36,7 @@ def weights(tmp_path_factory):
     return folder / "model.safetensors", src
 
 
-FLAGS = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+FLAGS = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2"]
 FLAGS += ["--trainer.enable_progress_bar", "false", "--attention_maps.num_images", "2"]
 
 

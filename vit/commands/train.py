@@ -31,6 +31,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
+from vit.commands.command_line import moved_field_hint, normalize_args
 from vit.data.base import ImageClassificationData
 from vit.data.folder import default_memory_budget_gb
 from vit.data.sources import public_class_path
@@ -55,9 +56,6 @@ LINKED = {
     "mean": "model.mean",
     "std": "model.std",
 }
-SUBCOMMANDS = ("fit", "validate", "test", "predict")
-DEFAULT_CONFIG = "configs/cifar10.yaml"  # the product's main job
-FOLDER_CONFIG = "configs/folder.yaml"  # `--data.root PATH` without a config: your own images
 
 
 class ViTCLI(LightningCLI):
@@ -132,6 +130,14 @@ class ViTCLI(LightningCLI):
     def __init__(self, *args, args_list: Sequence[str] = (), **kwargs):
         self._argv, self._plan = list(args_list), None
         super().__init__(*args, **kwargs)
+
+    def subcommands(self) -> dict[str, set[str]]:
+        """Lightning's subcommands without `predict` (main() turns it away), and of those only the one on the command
+        line: each subcommand's parser reads the signatures of the Trainer, the model and every data module again,
+        0.4 of a smoke fit's 1.6 s for all four. `--help` with no subcommand builds them all, to list them."""
+        every = {name: skip for name, skip in LightningCLI.subcommands().items() if name != "predict"}
+        chosen = self._argv[0] if self._argv else None
+        return {chosen: every[chosen]} if chosen in every else every
 
     def before_instantiate_classes(self) -> None:
         share_memory_budget(self.config[self.subcommand] if self.subcommand else self.config)
@@ -347,51 +353,6 @@ def root_cause(e: BaseException) -> BaseException:
     while (nxt := inner.__cause__ or inner.__context__) is not None and isinstance(nxt, ValueError):
         inner = nxt
     return inner
-
-
-def packaged_config(path: str) -> Path:
-    """`path` if it exists, else the config of that name shipped with the package (`configs/X.yaml` -> the wheel's
-    `vit/configs/X.yaml`, or the repository's `configs/` for a source checkout)."""
-    p = Path(path)
-    if p.exists():
-        return p
-    rel = Path(*p.parts[1:]) if p.parts and p.parts[0] == "configs" else p
-    package = Path(__file__).resolve().parent.parent  # vit/
-    for root in (package / "configs", package.parent / "configs"):
-        if (root / rel).is_file():
-            return root / rel
-    return p  # jsonargparse reports the missing file
-
-
-def normalize_args(argv: Sequence[str]) -> list[str]:
-    """timm-style command lines for LightningCLI: no subcommand means `fit`; `fit` without a config trains
-    configs/cifar10.yaml (configs/folder.yaml when `--data.root` is given); config paths resolve as packaged_config."""
-    argv = list(argv)
-    if argv and argv[0] in ("-h", "--help"):
-        return argv
-    sub, rest = (argv[0], argv[1:]) if argv and argv[0] in SUBCOMMANDS else ("fit", argv)
-    has_config = any(a == "--config" or a.startswith("--config=") for a in rest)
-    if sub == "fit" and not has_config:
-        data_root = any(a.split("=")[0] in ("--data.root", "--data.init_args.root") for a in rest)
-        rest = ["--config", FOLDER_CONFIG if data_root else DEFAULT_CONFIG, *rest]
-    out = []
-    for i, a in enumerate(rest):
-        if a.startswith("--config="):
-            a = f"--config={packaged_config(a.split('=', 1)[1])}"
-        elif i > 0 and rest[i - 1] == "--config":
-            a = str(packaged_config(a))
-        out.append(a)
-    return [sub, *out]
-
-
-def moved_field_hint(message: str) -> str:
-    """Old configs had the architecture flat under `model:`; name the new place of such a key."""
-    from vit.model.config import ViTConfig
-
-    for key in re.findall(r"\b(?:model\.)?(\w+)", message):
-        if key in ViTConfig.fields() and f"arch.{key}" not in message:
-            return f" (architecture fields moved: model.{key} is now model.arch.{key})"
-    return ""
 
 
 def quiet_lightning() -> None:

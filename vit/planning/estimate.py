@@ -7,6 +7,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
+# The bf16 check's steps: a warm-up and two timed steps at batch 2, in fp32 and in bf16.
+CHECK_STEPS = 6
+
 
 class RunEstimate(L.Callback):
     """One line, early in the first epoch of a fixed recipe: how long the whole run will take on this machine, from
@@ -22,14 +25,19 @@ class RunEstimate(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         """bf16-mixed on a CPU: a few steps of the model at batch 2 in fp32 and in bf16 first. CPUs without bf16
         instructions (AVX2 only) run bf16 ~12x slower (docs/performance.md); say so before the first real step, which
-        would otherwise be the first sign. GPUs are not checked: bf16 is their fast path."""
+        would otherwise be the first sign. GPUs are not checked: bf16 is their fast path, and neither is a run of at
+        most CHECK_STEPS steps (a smoke run, fast_dev_run): there the check would take as long as the run."""
         if pl_module.device.type != "cpu" or "bf16" not in str(trainer.precision):
+            return
+        if trainer.estimated_stepping_batches <= CHECK_STEPS:
             return
         from vit.planning.plan import BF16_GAIN
         from vit.planning.speed import calibrate
 
         cfg = pl_module.model.cfg
-        fp32, bf16 = (calibrate([cfg], 2, "cpu", p, steps=2, warmup=1)[0] for p in ("32-true", "bf16-mixed"))
+        fp32, bf16 = (
+            calibrate([cfg], 2, "cpu", p, steps=CHECK_STEPS // 2 - 1, warmup=1)[0] for p in ("32-true", "bf16-mixed")
+        )
         if fp32 > BF16_GAIN * bf16:
             self.bf16_slowdown = fp32 / bf16
             if trainer.is_global_zero:

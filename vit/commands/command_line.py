@@ -1,0 +1,55 @@
+"""How `vit-train` reads its command line, timm-style: no subcommand means `fit`, `fit` without a config trains the
+product's main job (or your folder), config paths name the packaged configs, and a field that moved is named."""
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+DEFAULT_CONFIG = "configs/cifar10.yaml"  # the product's main job
+FOLDER_CONFIG = "configs/folder.yaml"  # `--data.root PATH` without a config: your own images
+
+
+def packaged_config(path: str) -> Path:
+    """`path` if it exists, else the config of that name shipped with the package (`configs/X.yaml` -> the wheel's
+    `vit/configs/X.yaml`, or the repository's `configs/` for a source checkout)."""
+    p = Path(path)
+    if p.exists():
+        return p
+    rel = Path(*p.parts[1:]) if p.parts and p.parts[0] == "configs" else p
+    package = Path(__file__).resolve().parent.parent  # vit/
+    for root in (package / "configs", package.parent / "configs"):
+        if (root / rel).is_file():
+            return root / rel
+    return p  # jsonargparse reports the missing file
+
+
+def normalize_args(argv: Sequence[str]) -> list[str]:
+    """timm-style command lines for LightningCLI: no subcommand means `fit`; `fit` without a config trains
+    configs/cifar10.yaml (configs/folder.yaml when `--data.root` is given); config paths resolve as packaged_config."""
+    argv = list(argv)
+    if argv and argv[0] in ("-h", "--help"):
+        return argv
+    sub, rest = (argv[0], argv[1:]) if argv and argv[0] in SUBCOMMANDS else ("fit", argv)
+    has_config = any(a == "--config" or a.startswith("--config=") for a in rest)
+    if sub == "fit" and not has_config:
+        data_root = any(a.split("=")[0] in ("--data.root", "--data.init_args.root") for a in rest)
+        rest = ["--config", FOLDER_CONFIG if data_root else DEFAULT_CONFIG, *rest]
+    out = []
+    for i, a in enumerate(rest):
+        if a.startswith("--config="):
+            a = f"--config={packaged_config(a.split('=', 1)[1])}"
+        elif i > 0 and rest[i - 1] == "--config":
+            a = str(packaged_config(a))
+        out.append(a)
+    return [sub, *out]
+
+
+def moved_field_hint(message: str) -> str:
+    """Old configs had the architecture flat under `model:`; name the new place of such a key."""
+    from vit.model.config import ViTConfig
+
+    for key in re.findall(r"\b(?:model\.)?(\w+)", message):
+        if key in ViTConfig.fields() and f"arch.{key}" not in message:
+            return f" (architecture fields moved: model.{key} is now model.arch.{key})"
+    return ""
