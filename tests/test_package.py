@@ -258,3 +258,51 @@ def test_packages_import_only_from_lower_ones():
         ("vit.model.layers", "vit.training.module")
     ]
     assert _upward({"vit.data.images": {"vit.model.config"}}) == [("vit.data.images", "vit.model.config")]
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """What a module imports when it is imported: its top-level statements (and those under top-level if / try),
+    not the imports inside its functions."""
+    import ast
+
+    found, todo = set(), list(ast.parse(path.read_text()).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, (ast.If, ast.Try)):
+            todo += [*node.body, *node.orelse, *getattr(node, "finalbody", []), *getattr(node, "handlers", [])]
+        elif isinstance(node, ast.ExceptHandler):
+            todo += node.body
+    return found
+
+
+def _started_with(command: str) -> set[str]:
+    """Every module, of vit and outside it, that importing `command` imports at module level (vit's followed)."""
+    pkg = ROOT / "vit"
+    mods = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p for p in pkg.rglob("*.py")}
+    seen, todo = set(), [command]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        parents = [".".join(name.split(".")[:i]) for i in range(2, name.count(".") + 1)]  # packages' __init__ run too
+        todo += [p for p in parents if p in mods]
+        if name in mods:
+            todo += sorted(_module_level_imports(mods[name]))
+    return seen
+
+
+def test_vit_predict_and_vit_serve_start_without_lightning_or_torchmetrics():
+    """Importing torchmetrics imports scipy.signal: 1.1 s of the 4.8 s `vit-predict` took to start; Lightning imports
+    torchmetrics. The commands that answer images (predict, serve, export, attention) import neither when they start;
+    the functions that need them import them where they are called."""
+    for command in ("vit.commands.predict", "vit.commands.serve", "vit.commands.export", "vit.commands.attention"):
+        started = _started_with(command)
+        assert "vit.deployment.predict" in started or command != "vit.commands.predict"  # the walk follows vit
+        heavy = sorted(m for m in started if m.split(".")[0] in ("lightning", "torchmetrics", "scipy"))
+        assert heavy == [], (command, heavy)
+    assert any(m.startswith("torchmetrics") for m in _started_with("vit.commands.eval"))  # the check sees one

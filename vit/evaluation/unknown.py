@@ -22,7 +22,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torchmetrics.functional.classification import binary_auroc
 
 SCORES = ("msp", "max_logit", "energy", "mahalanobis", "relative_mahalanobis", "normalized_mahalanobis",
           "block_mahalanobis", "knn")  # fmt: skip
@@ -197,6 +196,8 @@ def reject_threshold(scores: torch.Tensor, accept: float = ACCEPT) -> float:
 
 def auroc(inside: torch.Tensor, outside: torch.Tensor) -> float:
     """Area under the ROC curve of telling `inside` (positive) from `outside` images by the score."""
+    from torchmetrics.functional.classification import binary_auroc  # here: vit-predict starts without it (scores.py)
+
     scores = torch.cat([inside, outside]).double()
     labels = torch.cat([torch.ones(len(inside)), torch.zeros(len(outside))]).long()
     return float(binary_auroc(scores, labels))
