@@ -8,7 +8,7 @@ import tarfile
 import numpy as np
 from torchvision import datasets
 
-from vit.data.cifar import CIFAR10_CLASSES, CIFAR100_CLASSES
+from vit.data.cifar_files import CIFAR10_CLASSES, CIFAR100_CLASSES
 
 
 def _md5(path) -> str:

@@ -64,11 +64,78 @@ def test_missing_cifar_says_where_to_put_the_archive(tmp_path):
     assert "\n" not in str(e.value)
 
 
-def test_cifar100_names(monkeypatch):
-    monkeypatch.setattr(CIFARDataModule, "prepare_data", lambda self: None)  # no CIFAR-100 files here
-    dm = CIFARDataModule("cifar100", num_workers=0)
+def test_cifar100_names(tmp_path, monkeypatch):
+    md5, _ = write_cifar(tmp_path, "cifar100", n_train=10, n_test=2)
+    trust_cifar_checksums(monkeypatch, "cifar100", md5)
+    dm = CIFARDataModule("cifar100", root=str(tmp_path), download=False, num_workers=0)
     assert dm.num_classes == 100 == len(set(dm.class_names))
     assert dm.class_names[:3] == ["apple", "aquarium_fish", "baby"] and dm.class_names[-1] == "worm"
+
+
+def test_cifar_is_torch_cifar10_with_cifars_defaults_and_upsamples_after_augmentation(tiny_cifar):
+    """One home for CIFAR: vit.data.CIFARDataModule is `torch/cifar10` of the torchvision DataModule with CIFAR's
+    defaults; both keep the 32 px images in memory at any img_size and upsample each batch after augmentation."""
+    from vit.data.torchvision_data import TorchvisionDataModule
+
+    root, data = tiny_cifar
+    cifar = CIFARDataModule("cifar10", root=str(root), download=False, batch_size=4, num_workers=0, img_size=64)
+    same = TorchvisionDataModule("torch/cifar10", root=str(root), download=False, batch_size=4, img_size=64,
+                                 crop_padding=4, hflip=True)  # fmt: skip
+    assert isinstance(cifar, TorchvisionDataModule) and (cifar.img_size, cifar.class_names) == (64, CIFAR10_CLASSES)
+    assert cifar.memory["train"][0].shape == (20, 3, 32, 32) == same.memory["train"][0].shape  # 32 px in memory
+    assert (cifar.mean, cifar.crop_padding, cifar.hflip) == (same.mean, same.crop_padding, same.hflip)
+    for split in ("train", "val"):
+        torch.manual_seed(0)
+        a = next(iter(cifar._device_batches(split)))
+        torch.manual_seed(0)
+        b = next(iter(same._device_batches(split)))
+        assert a[0].shape == (4, 3, 64, 64)
+        torch.testing.assert_close(a, b)
+    # validation: the stored image, normalised, then upsampled (nothing else)
+    raw = torch.from_numpy(data["test_batch"][0][:1]).reshape(1, 3, 32, 32).float() / 255
+    mean, std = torch.tensor(cifar.mean)[:, None, None], torch.tensor(cifar.std)[:, None, None]
+    want = torch.nn.functional.interpolate((raw - mean) / std, size=(64, 64), mode="bilinear", align_corners=False)
+    torch.testing.assert_close(next(iter(cifar._device_batches("val")))[0][:1], want)
+
+
+def test_cifar_in_memory_false_streams_through_torchvision_transforms(tiny_cifar):
+    root, _ = tiny_cifar
+    dm = CIFARDataModule("cifar10", root=str(root), download=False, batch_size=4, num_workers=0, in_memory=False)
+    loader = dm.train_dataloader()
+    assert isinstance(loader, torch.utils.data.DataLoader)
+    xb, yb = next(iter(loader))
+    assert xb.shape == (4, 3, 32, 32) and xb.dtype == torch.float32 and yb.shape == (4,)
+
+
+def test_another_local_rank_waits_for_local_rank_zeros_download(tmp_path, monkeypatch):
+    """Under torchrun every rank builds the DataModule at once: rank 0 downloads, the others wait for its files
+    instead of downloading into the same folder."""
+    import threading
+
+    from torchvision import datasets
+
+    import vit.data.torchvision_data as tv
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(tv, "DOWNLOAD_WAIT_S", 60.0)
+    fetched = []
+    monkeypatch.setattr(datasets.CIFAR10, "download", lambda self: fetched.append(self.root))
+    written = {}
+
+    def rank_zero():  # its download lands a moment later
+        written["md5"], _ = write_cifar(tmp_path, n_train=10, n_test=2)
+        trust_cifar_checksums(monkeypatch, "cifar10", written["md5"])
+
+    timer = threading.Timer(1.5, rank_zero)
+    timer.start()
+    try:
+        dm = CIFARDataModule("cifar10", root=str(tmp_path), download=True, num_workers=0)
+    finally:
+        timer.join()
+    assert len(dm.memory["train"][0]) == 10 and fetched == []  # read rank 0's files, fetched nothing
+    monkeypatch.setattr(tv, "DOWNLOAD_WAIT_S", 0.0)  # and waits no longer than that
+    with pytest.raises(DataError, match="not found"):
+        CIFARDataModule("cifar10", root=str(tmp_path / "never"), download=True, num_workers=0)
 
 
 def _write_images(folder, n, mode, size, seed):

@@ -24,7 +24,9 @@ def test_mnist_by_name_trains_as_one_channel_with_its_own_statistics(tmp_path):
     batch = next(iter(dm._device_batches("train")))
     assert batch[0].shape == (8, 1, 28, 28)
     rgb = TorchvisionDataModule("torch/mnist", root=str(tmp_path), download=False, to_rgb=True, img_size=32)
-    assert rgb.in_chans == 3 and rgb.memory["val"][0].shape == (10, 3, 32, 32)
+    # 28 px in memory, upsampled to 32 after augmentation: padding and crops act on the digits' own pixels
+    assert rgb.in_chans == 3 and rgb.img_size == 32 and rgb.memory["val"][0].shape == (10, 3, 28, 28)
+    assert next(iter(rgb._device_batches("train")))[0].shape[1:] == (3, 32, 32)
 
 
 def test_pretrained_weights_normalisation_replaces_the_measured_one_and_fits_grey_images(tmp_path):

@@ -132,7 +132,9 @@ def batches_for(args, ckpt: dict, hparams: dict, classes: list[str], device: tor
         x, y, names = eval_split(args.data, args.data_root, hparams["img_size"], hparams.get("in_chans", 3))
         if names and names != classes:
             raise DataError(f"{args.data}: its classes {names[:5]}... are not the checkpoint's {classes[:5]}...")
-        batches = DeviceBatches(x, y, args.batch_size, hparams["mean"], hparams["std"], train=False)
+        batches = DeviceBatches(
+            x, y, args.batch_size, hparams["mean"], hparams["std"], train=False, out_size=hparams["img_size"]
+        )
         stem = args.data.removeprefix("torch/")
         return batches, lambda n: [f"torch/{stem}/test/{i:06d}" for i in range(n)], None, f"{args.data} (test)"
     files, targets = labelled_folder(Path(args.data), classes)

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
-from vit.data.cifar import open_cifar
+from vit.data.cifar_files import open_cifar
 from vit.data.files import class_files, split_folders
 from vit.data.images import convert_image, read_image
 from vit.data.transforms import DataError

@@ -5,14 +5,16 @@
     python train.py --config configs/mnist.yaml --data.init_args.dataset torch/svhn --data.init_args.img_size 32
 
 The dataset is downloaded into `root` when the network allows; offline, one line says which files to put where. The
-whole split is decoded once into a uint8 tensor at img_size (the in-memory path: augmentation batched on the
-training device). Grayscale datasets train as one channel (`in_chans` 1, linked to the model) or, with `to_rgb`,
-replicated to three. Mean and std are the published ones where torchvision's datasets have them (CIFAR), else
-measured on the training split and cached in `root/<name>_stats.json`.
+whole split is held once as a uint8 tensor (the in-memory path: augmentation batched on the training device): at
+img_size when its images are larger, at their own size when smaller, upsampled on the device after augmentation
+(CIFAR at 224 px: 150 MB instead of 7.5 GB). Grayscale datasets train as one channel (`in_chans` 1, linked to the
+model) or, with `to_rgb`, replicated to three. Mean and std are the published ones where torchvision's datasets have
+them (CIFAR), else measured on the training split and cached in `root/<name>_stats.json`.
 """
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Literal
 
@@ -21,7 +23,7 @@ import torch.nn.functional as F
 from torchvision import datasets
 
 from vit.data.base import ImageClassificationData, TensorImageDataset, channel_mean_std, given_mean_std
-from vit.data.cifar import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD
+from vit.data.cifar_files import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, open_cifar
 from vit.data.files import TRAIN_DIRS, VAL_DIRS, first_idx_problem
 from vit.data.folder import decode_images
 from vit.data.transforms import AutoAugment, DataError, batch_policy, check_crop_scale, to_normalized
@@ -69,6 +71,10 @@ def resolve(dataset: str) -> tuple[str, type, tuple[dict, dict] | None]:
 
 
 PUBLISHED = {"cifar10": (CIFAR10_MEAN, CIFAR10_STD), "cifar100": (CIFAR100_MEAN, CIFAR100_STD)}
+# Under torchrun every process builds its DataModule at once: only local rank 0 downloads (two downloads into one
+# folder corrupt it), the others wait this long at most for its files. Lightning's own launcher starts the other
+# ranks after rank 0 has built its DataModule: they find the files.
+DOWNLOAD_WAIT_S = 1800.0
 
 
 def where_files_go(cls, root: Path) -> str:
@@ -161,6 +167,10 @@ class TorchvisionDataModule(ImageClassificationData):
     ):
         super().__init__(batch_size, num_workers=0, in_memory=True, eval_batch_size=eval_batch_size)
         self.rrc_scale = check_crop_scale(crop_scale)
+        if img_size is not None and img_size < 1:
+            raise ValueError(f"img_size={img_size} must be >= 1")
+        if not 0.0 <= random_erasing <= 1.0:
+            raise ValueError(f"random_erasing={random_erasing} must be a probability in [0, 1]")
         self.name, cls, splits = resolve(dataset)
         self.root = Path(root)
         train_ds, val_ds = (self._open(cls, kwargs, download) for kwargs in (splits or SPLIT_BY_TRAIN))
@@ -170,7 +180,7 @@ class TorchvisionDataModule(ImageClassificationData):
         else:
             train_x, val_x = train_x.expand(-1, 3, -1, -1).contiguous(), val_x.expand(-1, 3, -1, -1).contiguous()
             self.in_chans = 3
-        self.img_size = train_x.shape[-1]
+        self.img_size = img_size or train_x.shape[-1]  # smaller images are upsampled after augmentation (out_size)
         train_y, val_y = _targets(train_ds), _targets(val_ds)
         classes = getattr(train_ds, "classes", None) or getattr(train_ds, "all_categories", None)
         classes = classes or [str(i) for i in range(int(train_y.max()) + 1)]
@@ -187,7 +197,16 @@ class TorchvisionDataModule(ImageClassificationData):
         self.val_set = TensorImageDataset(val_x, val_y, to_float)
 
     def _open(self, cls, kwargs: dict, download: bool):
-        return open_split(self.name, cls, kwargs, self.root, download)
+        if not download or int(os.environ.get("LOCAL_RANK", 0)) == 0:
+            return open_split(self.name, cls, kwargs, self.root, download)
+        deadline = time.monotonic() + DOWNLOAD_WAIT_S  # another local rank: local rank 0 downloads (DOWNLOAD_WAIT_S)
+        while True:
+            try:
+                return open_split(self.name, cls, kwargs, self.root, download=False)
+            except DataError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
 
     def _decode(self, ds, img_size: int | None) -> torch.Tensor:
         return decode_split(ds, img_size, self.name)
@@ -213,6 +232,8 @@ class TorchvisionDataModule(ImageClassificationData):
 
 def open_split(name: str, cls, kwargs: dict, root: Path, download: bool):
     """One split of a torchvision dataset (`kwargs`: its train/split arguments), or a DataError naming the files."""
+    if name in PUBLISHED:  # CIFAR: its files checked, a broken one named (vit/data/cifar_files.py)
+        return open_cifar(name, str(root), bool(kwargs.get("train")), download=download)
     try:
         if cls is datasets.ImageFolder:  # timm's torch/image_folder: root/train/<class>/*, root/val/<class>/*
             names = TRAIN_DIRS if kwargs.get("train") else VAL_DIRS
@@ -241,7 +262,9 @@ def open_split(name: str, cls, kwargs: dict, root: Path, download: bool):
 
 
 def decode_split(ds, img_size: int | None, name: str) -> torch.Tensor:
-    """A split as one uint8 (N, C, S, S) tensor at img_size (None: its own size)."""
+    """A split as one uint8 (N, C, S, S) tensor: image files decoded at img_size; a dataset held as arrays at its own
+    size, or at img_size when that is smaller (None: its own size). Smaller images are upsampled after augmentation,
+    on the device (DeviceBatches' out_size): padding and crops act on the pixels the images have."""
     try:
         x = _uint8_images(ds)
     except TypeError:  # file-backed: decode every image once, in threads, at img_size
@@ -252,7 +275,7 @@ def decode_split(ds, img_size: int | None, name: str) -> torch.Tensor:
         if bad:
             raise DataError(f"{bad[0][0]}: {bad[0][1]} (and {len(bad) - 1} more)") from None
         return torch.stack(images)
-    if img_size is not None and x.shape[-1] != img_size:
+    if img_size is not None and x.shape[-1] > img_size:
         x = F.interpolate(x.float(), size=(img_size, img_size), mode="bilinear", antialias=True)
         x = x.round_().clamp_(0, 255).to(torch.uint8)
     return x
@@ -260,8 +283,9 @@ def decode_split(ds, img_size: int | None, name: str) -> torch.Tensor:
 
 def eval_split(dataset: str, root: str, img_size: int, in_chans: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """The evaluation split of `torch/<name>` (its test split, or val where it has no test split), decoded as
-    training decodes it at a checkpoint's img_size and channels: (uint8 (N, in_chans, S, S), targets, class names).
-    Nothing is downloaded."""
+    training decodes it for a checkpoint's img_size and channels: (uint8 (N, in_chans, S, S), targets, class names);
+    S is below img_size where training upsampled after augmentation (batch it with out_size=img_size). Nothing is
+    downloaded."""
     name, cls, splits = resolve(dataset)
     ds = open_split(name, cls, (splits or SPLIT_BY_TRAIN)[1], Path(root), download=False)
     x = decode_split(ds, img_size, name)
