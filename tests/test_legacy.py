@@ -2,8 +2,8 @@
 was split into subpackages) still load and give the same answers."""
 
 import json
+import runpy
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -39,18 +39,21 @@ def test_old_onnx_export_gives_the_same_logits():
 
 
 @pytest.mark.parametrize("raw", [False, True])
-def test_old_checkpoint_predicts_the_same(raw, capsys):
-    """`python predict.py` as a user runs it (a process of its own, once); the raw probabilities in this process."""
+def test_old_checkpoint_predicts_the_same(raw, capsys, monkeypatch):
+    """`python predict.py` as a user runs it (the script run as __main__, in this process: a process of its own cost
+    4 s, and tests/deployment/test_predict.py runs vit-predict as one); the raw probabilities through main()."""
     args = ["--ckpt", str(LEGACY / "model.ckpt"), "--format", "json", "--topk", "2", str(LEGACY / "images")]
+    capsys.readouterr()
     if raw:
         from vit.commands.predict import main as predict_main
 
-        capsys.readouterr()
         assert predict_main([*args, "--raw-probs"]) == 0
-        got = json.loads(capsys.readouterr().out)
     else:
-        cmd = [sys.executable, str(Path(ROOT) / "predict.py"), *args]
-        got = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+        monkeypatch.setattr(sys, "argv", ["predict.py", *args])
+        with pytest.raises(SystemExit) as done:
+            runpy.run_path(str(Path(ROOT) / "predict.py"), run_name="__main__")
+        assert done.value.code == 0
+    got = json.loads(capsys.readouterr().out)
     for row in got:
         row["path"] = Path(row["path"]).name
         assert row.pop("unknown") is False  # a checkpoint from before rejection never says unknown
