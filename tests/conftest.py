@@ -55,3 +55,14 @@ def smoke_run(tmp_path_factory):
 def smoke_ckpt(smoke_run):
     """last.ckpt of the shared smoke run."""
     return smoke_run.root / "checkpoints" / "smoke" / "version_0" / "last.ckpt"
+
+
+@pytest.fixture(scope="session")
+def smoke_onnx(smoke_ckpt, tmp_path_factory):
+    """`vit-export --format onnx` of the shared smoke run's last.ckpt, once a session (an export takes 2-3 s; three
+    tests read it): the model's path, its sidecar beside it (`m.onnx.json`). Read it, never write into its folder."""
+    from vit.commands.export import main
+
+    out = tmp_path_factory.mktemp("smoke_onnx") / "m.onnx"
+    assert main(["--ckpt", str(smoke_ckpt), "--format", "onnx", "--out", str(out)]) == 0
+    return out

@@ -122,11 +122,10 @@ def _files_in_every_mode(folder: Path) -> list[Path]:
     return files
 
 
-def test_onnx_fed_as_its_sidecar_says_gives_vit_predicts_answers(smoke_ckpt, tmp_path, capsys):
+def test_onnx_fed_as_its_sidecar_says_gives_vit_predicts_answers(smoke_ckpt, smoke_onnx, tmp_path, capsys):
     from vit.commands.predict import main as predict_main
 
-    assert main(["--ckpt", str(smoke_ckpt), "--format", "onnx", "--out", str(tmp_path / "m.onnx")]) == 0
-    meta = json.loads((tmp_path / "m.onnx.json").read_text())
+    meta = json.loads(Path(f"{smoke_onnx}.json").read_text())  # vit-export's (the session's smoke_onnx)
     assert meta["img_size"] == 32 and meta["in_chans"] == 3 and len(meta["class_names"]) == 10  # the README's keys
     (tmp_path / "imgs").mkdir()
     files = _files_in_every_mode(tmp_path / "imgs")
@@ -134,7 +133,7 @@ def test_onnx_fed_as_its_sidecar_says_gives_vit_predicts_answers(smoke_ckpt, tmp
     capsys.readouterr()
     assert predict_main(["--ckpt", str(smoke_ckpt), "--format", "json", "--topk", "10", *map(str, files)]) == 0
     served = json.loads(capsys.readouterr().out)
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(smoke_onnx), providers=["CPUExecutionProvider"])
     x = np.stack([_from_sidecar(f, meta) for f in files])
     # the sidecar's temperature calibrates the probabilities as vit-predict does
     assert meta["temperature"] == torch.load(smoke_ckpt, weights_only=True)["calibration"]["temperature"] != 1.0
@@ -179,13 +178,12 @@ def test_timm_format_builds_timms_model_with_the_same_logits_and_reads_back(cfg,
     assert "only the plain model converts" in capsys.readouterr().err and not (tmp_path / "g").exists()
 
 
-def test_int8_onnx_quantizes_the_matrix_products_and_vit_predict_runs_it(smoke_ckpt, tmp_path, capsys):
+def test_int8_onnx_quantizes_the_matrix_products_and_vit_predict_runs_it(smoke_ckpt, smoke_onnx, tmp_path, capsys):
     import onnx
 
     from vit.commands.predict import main as predict_main
 
-    fp32, int8 = tmp_path / "m.onnx", tmp_path / "m-int8.onnx"
-    assert main(["--ckpt", str(smoke_ckpt), "--format", "onnx", "--out", str(fp32)]) == 0
+    fp32, int8 = smoke_onnx, tmp_path / "m-int8.onnx"  # fp32: vit-export's, the session's
     assert main(["--ckpt", str(smoke_ckpt), "--format", "onnx", "--quantize", "int8", "--out", str(int8)]) == 0
     assert json.loads(Path(f"{int8}.json").read_text())["quantized"] == "int8"
     graph = onnx.load(str(int8)).graph
