@@ -118,15 +118,16 @@ def test_another_local_rank_waits_for_local_rank_zeros_download(tmp_path, monkey
 
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setattr(tv, "DOWNLOAD_WAIT_S", 60.0)
+    monkeypatch.setattr(tv, "DOWNLOAD_POLL_S", 0.05)
     fetched = []
     monkeypatch.setattr(datasets.CIFAR10, "download", lambda self: fetched.append(self.root))
     written = {}
 
-    def rank_zero():  # its download lands a moment later
+    def rank_zero():  # its download lands a moment later; until the checksums are set, a partial file fails them
         written["md5"], _ = write_cifar(tmp_path, n_train=10, n_test=2)
         trust_cifar_checksums(monkeypatch, "cifar10", written["md5"])
 
-    timer = threading.Timer(1.5, rank_zero)
+    timer = threading.Timer(0.3, rank_zero)
     timer.start()
     try:
         dm = CIFARDataModule("cifar10", root=str(tmp_path), download=True, num_workers=0)

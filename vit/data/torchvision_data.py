@@ -74,7 +74,7 @@ PUBLISHED = {"cifar10": (CIFAR10_MEAN, CIFAR10_STD), "cifar100": (CIFAR100_MEAN,
 # Under torchrun every process builds its DataModule at once: only local rank 0 downloads (two downloads into one
 # folder corrupt it), the others wait this long at most for its files. Lightning's own launcher starts the other
 # ranks after rank 0 has built its DataModule: they find the files.
-DOWNLOAD_WAIT_S = 1800.0
+DOWNLOAD_WAIT_S, DOWNLOAD_POLL_S = 1800.0, 1.0
 
 
 def where_files_go(cls, root: Path) -> str:
@@ -206,7 +206,7 @@ class TorchvisionDataModule(ImageClassificationData):
             except DataError:
                 if time.monotonic() > deadline:
                     raise
-                time.sleep(1.0)
+                time.sleep(DOWNLOAD_POLL_S)
 
     def _decode(self, ds, img_size: int | None) -> torch.Tensor:
         return decode_split(ds, img_size, self.name)
