@@ -196,7 +196,8 @@ def confusion_figure(cm: torch.Tensor, classes: list[str]):
     font = max(3.0, min(9.0, 260 / max(n, 1)))
     fig, axes = plt.subplots(1, 2, figsize=(2 * side + 1, side), dpi=100 if n <= 40 else 150)
     shares = cm.double() / cm.sum(dim=1, keepdim=True).clamp(min=1)
-    for ax, values, title in ((axes[0], cm, "counts"), (axes[1], shares, "share of the true class")):
+    panels = ((axes[0], cm, "counts"), (axes[1], shares, "share of the true class"))
+    for ax, values, title in panels:
         ax.imshow(values.numpy(), cmap="Blues")
         ax.set_title(title)
         ax.set_xlabel("predicted")
@@ -207,9 +208,10 @@ def confusion_figure(cm: torch.Tensor, classes: list[str]):
     # it is given (with the 200 numbers of 10 classes, half the figure's time)
     fig.tight_layout()
     if n <= 20:  # numbers in the cells while they stay legible
-        for ax, values in ((axes[0], cm), (axes[1], shares)):
+        for ax, values, _ in panels:
             half = values.max().item() / 2
-            for (i, j), v in zip(((i, j) for i in range(n) for j in range(n)), values.flatten().tolist()):
+            for k, v in enumerate(values.flatten().tolist()):  # row-major: cell (k // n, k % n)
+                i, j = divmod(k, n)
                 text = f"{v:.2f}" if values.is_floating_point() else str(int(v))
                 ax.text(j, i, text, ha="center", va="center", fontsize=font, color="white" if v > half else "black")
     return fig
