@@ -300,7 +300,7 @@ def test_an_empty_class_folder_is_an_error(tmp_path):
     (tmp_path / "train" / "empty").mkdir()
     (tmp_path / "train" / "empty" / "broken.png").write_text("x")
     _write_images(tmp_path / "val" / "a", 2, "RGB", (24, 24), 1)
-    with pytest.raises(DataError, match=r"class folder\(s\) \['empty'\] hold no usable image"):
+    with pytest.raises(DataError, match=r"class\(es\) \['empty'\] hold no usable training image"):
         ImageFolderDataModule(str(tmp_path), num_workers=0)
 
 
@@ -331,22 +331,24 @@ def test_mean_std_in_chunks_equal_the_whole_set_and_the_stack_releases_the_list(
 
 @pytest.mark.parametrize("train, val", [("train", "val"), ("training", "valid"), ("train", "validation")])
 def test_every_reader_of_a_folder_finds_the_same_splits_and_files(tmp_path, train, val):
-    """One listing (vit/data/files.py) for the DataModule, the planner's source and the streaming optimizer: timm's
+    """One listing (vit/data/listing.py) for the DataModule, the planner's source and the streaming optimizer: timm's
     split names, and images inside a subfolder of a class counted by all of them."""
-    from vit.data.files import class_files, split_folders
+    from vit.data.files import class_files
+    from vit.data.listing import list_folder
     from vit.data.sources import folder_source
 
     for split, n in ((train, 6), (val, 3)):
         for c in ("a", "b"):
             _write_images(tmp_path / split / c, n, "RGB", (12, 12), ord(c))
     _write_images(tmp_path / train / "a" / "more", 2, "RGB", (12, 12), 7)  # a subfolder of class a
-    assert split_folders(tmp_path) == (tmp_path / train, tmp_path / val)
+    listing = list_folder(tmp_path)
+    assert sorted(listing.splits) == ["train", "val"] and listing.found == f"{train}/ + {val}/"
     assert len(class_files(tmp_path / train, {"a": 0, "b": 1})) == 14
     dm = ImageFolderDataModule(str(tmp_path), num_workers=0, img_size=12)
     dm.setup("fit")
-    assert (dm.train_dir, dm.val_dir) == (tmp_path / train, tmp_path / val)
     assert len(dm.samples["train"]) == 14 and len(dm.samples["val"]) == 6
     src = folder_source(tmp_path)
     assert (src.n_train, src.n_val) == (14, 6)
-    # without both split folders: one folder of classes, split by the toolkit
-    assert split_folders(tmp_path / train) == (tmp_path / train, None)
+    # a train folder alone: its classes, validation split off by the toolkit (not one class named "train")
+    alone = list_folder(tmp_path / train)
+    assert sorted(alone.splits) == ["train"] and alone.class_names == ["a", "b"]

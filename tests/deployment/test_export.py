@@ -5,7 +5,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 from vit.commands.export import main
 from vit.deployment.export import export
@@ -67,7 +67,9 @@ def _from_sidecar(path: Path, meta: dict) -> np.ndarray:
     img.load()
     for step in meta["preprocess"]:
         kind = step["step"]
-        if kind == "scale_wide_grayscale" and img.mode in step["modes"]:
+        if kind == "exif_transpose":
+            img = ImageOps.exif_transpose(img)
+        elif kind == "scale_wide_grayscale" and img.mode in step["modes"]:
             arr = np.asarray(img, dtype=np.float64)
             top = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0
             img = Image.fromarray(np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8))

@@ -2,6 +2,7 @@
 
     vit-eval --ckpt checkpoints/folder/version_0/last.ckpt path/to/labelled --out eval/   # <class>/<image> folders
     vit-eval --ckpt last.ckpt --split val --out eval/          # the checkpoint's own validation split, as in training
+    vit-eval --ckpt last.ckpt --split test --out eval/         # its data's test split (a test/ folder or test rows)
     vit-eval --ckpt last.ckpt torch/fashion_mnist --data-root data --out eval/      # a torchvision test split
     vit-eval --ckpt last.ckpt --split val --ood path/to/other_images --out eval/    # how well it says "unknown"
 
@@ -117,6 +118,13 @@ def training_data(path: str, ckpt: dict, hparams: dict):
 
 def batches_for(args, ckpt: dict, hparams: dict, classes: list[str], device: torch.device):
     """(batches, ids_of(n): the names of the n images scored, known after the pass, the FileBatches or None, title)."""
+    if args.split == "test":
+        dm = training_data(args.ckpt, ckpt, hparams)
+        if "test" not in (getattr(dm, "samples", None) or {}):
+            raise DataError(f"{args.ckpt}: its training data has no test split (a test/ folder or test rows)")
+        files, targets = zip(*dm.samples["test"])
+        fb = FileBatches(list(files), list(targets), hparams, args.batch_size, args.num_workers, device)
+        return fb, lambda n: [fb.files[i] for i in fb.kept], fb, "its test split"
     if args.split == "val":
         dm = training_data(args.ckpt, ckpt, hparams)
         if getattr(dm, "samples", None):  # a folder: its validation files
@@ -199,7 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="checkpoint written by train.py (loaded as data, never as code)",
     )
     ap.add_argument("data", nargs="?", metavar="DATA", help="a folder of <class>/<image> files, or torch/<name>")
-    ap.add_argument("--split", choices=("val",), help="val: the checkpoint's own validation split, as training had it")
+    ap.add_argument(
+        "--split",
+        choices=("val", "test"),
+        help="the checkpoint's own validation split, as training had it; test: its data's test split",
+    )
     ap.add_argument(
         "--out",
         "--output",
@@ -231,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     if (args.data is None) == (args.split is None):
-        ap.error("give DATA (a folder or torch/<name>) or --split val, one of the two")
+        ap.error("give DATA (a folder or torch/<name>) or --split val|test, one of the two")
     if args.batch_size < 1 or not 1 <= args.top_losses <= 25:
         ap.error("--batch-size must be >= 1 and --top-losses within 1-25")
     loaded = load_model_or_report(args.ckpt)

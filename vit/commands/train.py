@@ -34,9 +34,17 @@ from lightning.pytorch.utilities import rank_zero_info
 from vit.commands.command_line import moved_field_hint, normalize_args
 from vit.data.base import ImageClassificationData
 from vit.data.folder import default_memory_budget_gb
+from vit.data.listing import write_split
 from vit.data.sources import public_class_path
 from vit.data.transforms import DataError
-from vit.evaluation.after_fit import adjust_after_fit, calibration_lines, measure_after_fit, unknown_line
+from vit.evaluation.after_fit import (
+    adjust_after_fit,
+    calibration_lines,
+    measure_after_fit,
+    soft_label_line,
+    test_after_fit,
+    unknown_line,
+)
 from vit.evaluation.map_callback import AttentionMapCallback
 from vit.model.checkpoint import CheckpointError, load_checkpoint
 from vit.planning.estimate import RunEstimate
@@ -221,6 +229,10 @@ class ViTCLI(LightningCLI):
         for cb in self.trainer.checkpoint_callbacks:
             if cb.dirpath is None:
                 cb.dirpath = str(folder.resolve())
+        if logger and self.trainer.is_global_zero and getattr(self.datamodule, "samples", None):
+            # which file went to which split: the validation split is made here, seeded (the same on resume)
+            dm = self.datamodule
+            write_split(Path(logger.log_dir, "split.csv"), dm.root, dm.samples, dm.class_names)
         if config.get("find_label_issues"):
             self._find_label_issues(logger)
         if self._plan is not None:
@@ -309,7 +321,16 @@ class ViTCLI(LightningCLI):
             if saved:  # the temperature and the rejection record: one read, one pass, one write per checkpoint
                 best = measure_after_fit(saved, self.datamodule, device)[saved[0]]
                 print(calibration_lines(best, self.datamodule, tb, self.trainer.global_step))
+                if line := soft_label_line(best, self.datamodule, tb, self.trainer.global_step):
+                    print(line)
                 print(unknown_line(best))
+                out = (
+                    Path(tb.log_dir, "test_metrics.json")
+                    if tb is not None
+                    else Path(saved[0]).with_name("test_metrics.json")
+                )
+                if line := test_after_fit(saved[0], self.datamodule, device, tb, self.trainer.global_step, out):
+                    print(line)
         finally:  # the passes over the validation set after fit are a stage of their own: free its loader workers
             self.datamodule.teardown("validate")
 

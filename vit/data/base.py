@@ -55,11 +55,15 @@ class ImageClassificationData(L.LightningDataModule):
         self.batch_size, self.num_workers, self.in_memory = batch_size, num_workers, in_memory
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None  # a test split, where the data has one (scored, never used to choose)
         # For the in-memory path: {"train": (uint8 images, targets), "val": ...} and the augmentation to apply.
         self.memory: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         # augmentation of the in-memory path (vit.data.device), set by each DataModule
         self.crop_padding, self.hflip, self.rrc_scale, self.auto_augment, self.erasing = 0, False, None, None, 0.0
         self.rot90 = False
+        # {split: (N, C) class probabilities}: the training targets where the data gives probabilities (soft labels);
+        # `memory` keeps the likeliest class, which validation, the metrics and the class counts read
+        self.soft_targets: dict[str, torch.Tensor] = {}
 
     def _device_batches(self, split: str) -> DeviceBatches:
         trainer = self.trainer
@@ -68,6 +72,8 @@ class ImageClassificationData(L.LightningDataModule):
         if images.device != device:  # once: the dataset then lives on the training device
             images, targets = images.to(device), targets.to(device)
             self.memory[split] = (images, targets)
+        if split == "train" and "train" in self.soft_targets:
+            targets = self.soft_targets["train"]  # (N, C): DeviceBatches moves it to the images' device
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         return DeviceBatches(
             images,
@@ -120,15 +126,15 @@ class ImageClassificationData(L.LightningDataModule):
         return self.val_dataloader()
 
 
-def whole_val_batches(dm: ImageClassificationData):
-    """The whole validation set in one process (after fit on rank zero, or in vit-eval), as training evaluated it:
-    (normalised images, targets) batches."""
-    if getattr(dm, "memory", None) and "val" in dm.memory:
-        images, targets = dm.memory["val"]
+def whole_val_batches(dm: ImageClassificationData, split: str = "val"):
+    """The whole validation (or test) set in one process (after fit on rank zero, or in vit-eval), as training
+    evaluated it: (normalised images, targets) batches."""
+    if getattr(dm, "memory", None) and split in dm.memory:
+        images, targets = dm.memory[split]
         return DeviceBatches(images, targets, dm.eval_batch_size, dm.mean, dm.std, train=False, out_size=dm.img_size)
-    if getattr(dm, "val_set", None) is not None:
-        return DataLoader(dm.val_set, batch_size=dm.eval_batch_size, num_workers=dm.num_workers)
-    return dm.val_dataloader()  # litdata streams: its own loader
+    if getattr(dm, f"{split}_set", None) is not None:
+        return DataLoader(getattr(dm, f"{split}_set"), batch_size=dm.eval_batch_size, num_workers=dm.num_workers)
+    return dm.val_dataloader() if split == "val" else dm.test_dataloader()  # litdata streams: its own loader
 
 
 def whole_train_batches(dm: ImageClassificationData) -> DeviceBatches | None:

@@ -83,16 +83,13 @@ def first_idx_problem(folder: Path) -> str | None:
 # A folder of a user's images: the one place that says how its splits and files are found
 # ---------------------------------------------------------------------------------------------------------------------
 
-# Split folder names, timm's (_TRAIN_SYNONYM and _EVAL_SYNONYM): root/train + root/val, or root/training + root/valid...
-TRAIN_DIRS, VAL_DIRS = ("train", "training"), ("val", "valid", "validation", "eval", "evaluation")
-
-
-def split_folders(root: Path) -> tuple[Path, Path | None]:
-    """(training folder, validation folder) of root: root/<train>/ and root/<val>/ when both exist (the names of
-    TRAIN_DIRS and VAL_DIRS, first found), else (root, None): one folder of class subfolders, split by the toolkit."""
-    train = next((root / d for d in TRAIN_DIRS if (root / d).is_dir()), None)
-    val = next((root / d for d in VAL_DIRS if (root / d).is_dir()), None)
-    return (train, val) if train is not None and val is not None else (root, None)
+# Split folder names: timm's (_TRAIN_SYNONYM, _EVAL_SYNONYM) and Hugging Face's (train / validation / test).
+SPLIT_NAMES = {
+    "train": ("train", "training"),
+    "val": ("val", "valid", "validation", "eval", "evaluation", "dev"),
+    "test": ("test", "testing"),
+}
+TRAIN_DIRS, VAL_DIRS = SPLIT_NAMES["train"], SPLIT_NAMES["val"]
 
 
 def class_files(folder: Path, to_idx: dict[str, int]) -> list[tuple[str, int]]:

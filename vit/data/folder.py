@@ -1,5 +1,5 @@
-"""A folder of your own images: root/<class>/*.png|jpg... (or root/train/<class> and root/val/<class>), decoded
-once in threads and held in memory when it fits."""
+"""Your own images: a folder of class folders (root/<class>/*, or split folders root/train, val, test), or any folder
+with a labels file (path, label[, split][, group]); decoded once in threads and held in memory when it fits."""
 
 import logging
 import os
@@ -8,12 +8,11 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torchvision import datasets
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
+from torch.utils.data import Dataset
 
 from vit.data.base import ImageClassificationData, TensorImageDataset, channel_mean_std, given_mean_std
-from vit.data.files import split_folders
 from vit.data.images import describe, eval_geometry, load_image, read_image
+from vit.data.listing import list_data, split_validation
 from vit.data.transforms import (
     AutoAugment,
     DataError,
@@ -65,19 +64,49 @@ def default_memory_budget_gb() -> float:
     return budget
 
 
+class FileImageDataset(Dataset):
+    """(path, target) pairs, each file decoded per item: the streaming path of a folder or a labels file."""
+
+    def __init__(self, samples: list[tuple[str, int]], transform, soft: torch.Tensor | None = None):
+        self.samples, self.transform, self.soft = samples, transform, soft  # soft: (N, C) probabilities, or None
+        self.targets = [t for _, t in samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        path, target = self.samples[i]
+        return self.transform(load_image(path)), (target if self.soft is None else self.soft[i])
+
+
 class ImageFolderDataModule(ImageClassificationData):
-    """Your own images: `root/train/<class>/*` and `root/val/<class>/*`, or `root/<class>/*` split into train and
-    val by `val_fraction` and `split_seed`. Any size and mode (grayscale, RGBA, palette, 16-bit) is converted to RGB.
+    """Your own images, in any layout vit/data/listing.py reads: `root/<class>/*`; split folders `root/train/<class>/*`
+    with `val/` and/or `test/` beside it (timm's and Hugging Face's names); or any files under root named in a labels
+    file (`labels`: CSV or TSV with a path and a label column, optional `split` and `group` columns). Any size and
+    mode (grayscale, RGBA, palette, 16-bit) is converted to RGB.
+
+    Validation: given (a val folder, or `split` = val rows), or split off the training images, seeded by
+    `split_seed`: `val_fraction` of each class (stratified), and with groups (the labels file's group column, or
+    `group_by`, a regular expression over the relative path) no group on both sides. A test split (a test folder, or
+    `split` = test rows) is never used to choose anything: `vit-train fit` scores the chosen checkpoint on it once at
+    the end, and `vit-train test` scores it.
 
     Every image is decoded once when the module is built (in threads): corrupt, empty, non-image files and
-    decompression bombs are listed with the reason and skipped, or with `strict` the run stops before training; a
-    class left with no image is an error either way. When the decoded set fits `max_memory_gb` (default: a quarter of
-    the RAM, at most half the GPU's memory), the same decode keeps every image at img_size (shorter side resized,
-    centre crop) in one uint8 tensor, and training runs on the in-memory path (vit.data.device: augmentation batched
-    on the device; RandomResizedCrop then crops that stored image). Otherwise the folder streams through a DataLoader
-    with per-image torchvision transforms. The log says which path was taken and why.
+    decompression bombs (and a labels file's bad rows: no path, missing file, empty label, duplicate) are listed with
+    the reason and skipped, or with `strict` the run stops before training; a class left with no image is an error
+    either way. When the decoded set fits `max_memory_gb` (default: a quarter of the RAM, at most half the GPU's
+    memory), the same decode keeps every image at img_size (shorter side resized, centre crop) in one uint8 tensor,
+    and training runs on the in-memory path (vit.data.device: augmentation batched on the device; RandomResizedCrop
+    then crops that stored image). Otherwise the files stream through a DataLoader with per-image torchvision
+    transforms. The log says which layout was found and which path was taken, and why.
 
     Args:
+        labels: a labels file (CSV; .tsv/.tab: tab-separated); paths in it are relative to root (or absolute).
+        path_column, label_column: its columns; None: the first of Hugging Face's, fastai's and the usual names
+            (file_name, path, filename, fname, image, ...; label, labels, class, target, category).
+        split_column, group_column: its optional split (train / val / test, and their synonyms) and group columns.
+        group_by: a regular expression searched in each path relative to root: its first group (or the whole match)
+            is the image's group (e.g. `"patient_(\\d+)"`), kept on one side of the validation split.
         mean, std: normalisation; None: measured on the training images (decoded ones, or 500 of them when streaming).
         in_memory: force the path (True: in memory even over the budget; False: stream); None: by the budget.
         random_erasing: Random Erasing probability per image (after Normalize, value 0).
@@ -105,6 +134,13 @@ class ImageFolderDataModule(ImageClassificationData):
         max_memory_gb: float | None = None,
         eval_batch_size: int | None = None,
         rot90: bool = False,
+        labels: str | None = None,
+        path_column: str | None = None,
+        label_column: str | None = None,
+        split_column: str = "split",
+        group_column: str = "group",
+        group_by: str | None = None,
+        soft_labels: bool | None = None,
     ):
         super().__init__(batch_size, num_workers, eval_batch_size=eval_batch_size)
         self.check_images, self.strict = check_images, strict
@@ -114,16 +150,22 @@ class ImageFolderDataModule(ImageClassificationData):
         if max_memory_gb is not None and max_memory_gb < 0:
             raise ValueError(f"max_memory_gb={max_memory_gb} must be >= 0")
         self.root = Path(root)
-        if not self.root.is_dir():
-            raise DataError(f"data.root={root!r} is not a folder")
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction={val_fraction} must be in (0, 1)")
-        self.train_dir, self.val_dir = split_folders(self.root)
-        self.class_names = self._classes(self.train_dir)
-        if self.val_dir is not None:
-            unknown = sorted(set(self._classes(self.val_dir)) - set(self.class_names))
-            if unknown:
-                raise DataError(f"{self.val_dir}: classes {unknown} are not in {self.train_dir}")
+        self.listing = list_data(
+            self.root,
+            labels=labels,
+            path_column=path_column,
+            label_column=label_column,
+            split_column=split_column,
+            group_column=group_column,
+            group_by=group_by,
+            strict=strict,
+        )
+        self.class_names = self.listing.class_names
+        # soft targets: train on the labels file's probabilities (None: whenever it has them); false: on the
+        # thresholded labels. Validation and test are scored against the thresholded labels either way.
+        self.soft_labels = bool(self.listing.soft) and soft_labels is not False
         self.num_classes, self.img_size, self.in_chans = len(self.class_names), img_size, 3
         self.val_fraction, self.split_seed = val_fraction, split_seed
         self._decide_and_decode(in_memory, max_memory_gb)
@@ -147,36 +189,27 @@ class ImageFolderDataModule(ImageClassificationData):
         self.rrc_scale, self.hflip, self.rot90, self.erasing = tuple(crop_scale), hflip, rot90, random_erasing
         self.auto_augment = batch_policy(auto_augment, "imagenet")
 
-    def _samples(self, folder: Path) -> list[tuple[str, int]]:
-        """(path, class index of train's classes) of every image file under folder/<class>/."""
-        to_idx = {c: i for i, c in enumerate(self.class_names)}
-        ds = datasets.DatasetFolder(str(folder), loader=load_image, extensions=IMG_EXTENSIONS, allow_empty=True)
-        samples = [(p, to_idx[ds.classes[t]]) for p, t in ds.samples]  # val may lack a class that train has
-        if not samples:
-            raise DataError(f"{folder}: no images with extensions {IMG_EXTENSIONS}")
-        return samples
-
-    def _drop_bad(self, folder: Path, samples, bad: list[tuple[str, str]]) -> list[tuple[str, int]]:
+    def _drop_bad(self, split: str, samples, bad: list[tuple[str, str]]) -> list[tuple[str, int]]:
         if bad:
             listing = "; ".join(f"{p}: {r}" for p, r in bad[:5]) + (
                 f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
             )
             if self.strict:
-                raise DataError(f"{folder}: {len(bad)} unreadable image(s) and strict=true: {listing}")
+                raise DataError(f"{self.root} ({split}): {len(bad)} unreadable image(s) and strict=true: {listing}")
             for p, r in bad:
                 log.warning(f"skipping {p}: {r}")
         skip = {p for p, _ in bad}
         samples = [(p, t) for p, t in samples if p not in skip]
-        if folder == self.train_dir:
+        if split == "train":
             empty = [c for i, c in enumerate(self.class_names) if i not in {t for _, t in samples}]
             if empty:
-                raise DataError(f"{folder}: class folder(s) {empty} hold no usable image")
+                raise DataError(f"{self.root}: class(es) {empty} hold no usable training image")
         return samples
 
     def _decide_and_decode(self, in_memory: bool | None, max_memory_gb: float | None) -> None:
-        """List, check (decoding each image once) and, on the in-memory path, keep every image; split train/val."""
-        folders = [self.train_dir] + ([self.val_dir] if self.val_dir is not None else [])
-        listed = {f: self._samples(f) for f in folders}
+        """Check (decoding each image once) and, on the in-memory path, keep every image of every split listed;
+        split validation off the training images when the layout gives none."""
+        listed = self.listing.splits
         n = sum(len(v) for v in listed.values())
         need_gb = n * 3 * self.img_size**2 / 2**30
         budget = default_memory_budget_gb() if max_memory_gb is None else max_memory_gb
@@ -188,35 +221,33 @@ class ImageFolderDataModule(ImageClassificationData):
             why = f"{n} images at {self.img_size} px would take {need_gb:.2f} GB"
             why += f", over max_memory_gb={budget:.2f}" if in_memory is None else " (in_memory=false)"
         t = time.perf_counter()
-        kept: dict[Path, tuple[list, list]] = {}
-        for folder, samples in listed.items():
+        kept: dict[str, tuple[list, list]] = {}
+        for split, samples in listed.items():
             if self.in_memory or self.check_images:
                 images, bad = decode_images([p for p, _ in samples], self.img_size)
-                good = self._drop_bad(folder, samples, bad)
+                good = self._drop_bad(split, samples, bad)
                 images = [img for img in images if img is not None]
             else:
-                good, images = self._drop_bad(folder, samples, []), []
-            kept[folder] = (good, images if self.in_memory else [])
+                good, images = self._drop_bad(split, samples, []), []
+            kept[split] = (good, images if self.in_memory else [])
         path = "in-memory path (batched augmentation on the training device)" if self.in_memory else "streaming path"
-        rank_zero_info(f"{self.root}: {path}: {why}; decoded in {time.perf_counter() - t:.1f} s")
-        train, train_images = kept[self.train_dir]
-        if self.val_dir is not None:
-            val, val_images = kept[self.val_dir]
-        else:  # one seeded permutation splits the checked list (and the decoded images with it)
-            perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.split_seed)).tolist()
-            n_val = max(1, round(len(perm) * self.val_fraction))
-            if n_val >= len(perm):
-                raise DataError(
-                    f"{self.root}: {len(perm)} images are too few to split with val_fraction={self.val_fraction}"
-                )
-            pick = lambda items, idx: [items[i] for i in idx] if items else []  # noqa: E731
-            val, val_images = pick(train, perm[:n_val]), pick(train_images, perm[:n_val])
-            train, train_images = pick(train, perm[n_val:]), pick(train_images, perm[n_val:])
-        self.samples = {"train": train, "val": val}
+        rank_zero_info(f"{self.root}: {self.listing.found}; {path}: {why}; decoded in {time.perf_counter() - t:.1f} s")
+        if "val" not in kept:  # split off the checked training list (and the decoded images with it)
+            train, val = split_validation(kept["train"][0], self.val_fraction, self.split_seed, self.listing.groups)
+            index = {p: i for i, (p, _) in enumerate(kept["train"][0])}
+            images = kept["train"][1]
+            pick = lambda items: [images[index[p]] for p, _ in items] if images else []  # noqa: E731
+            kept["val"], kept["train"] = (val, pick(val)), (train, pick(train))
+        self.samples = {split: items for split, (items, _) in kept.items()}
         if self.in_memory:
-            for split, items, images in (("train", train, train_images), ("val", val, val_images)):
+            for split, (items, images) in kept.items():
                 targets = torch.tensor([t for _, t in items], dtype=torch.long)
                 self.memory[split] = (stack_releasing(images), targets)  # (N, 3, S, S) uint8
+        if self.soft_labels:  # (N, C) class probabilities of the training images, the training loss's targets
+            self.soft_targets = {
+                split: torch.tensor([self.listing.soft[p] for p, _ in items], dtype=torch.float32)
+                for split, items in self.samples.items()
+            }
 
     def _measure_mean_std(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Per-channel mean and std of the training images in [0, 1]: all decoded ones, or 500 when streaming."""
@@ -231,23 +262,6 @@ class ImageFolderDataModule(ImageClassificationData):
         mean, std = channel_mean_std(x)
         return tuple(round(v, 4) for v in mean.tolist()), tuple(round(v, 4) for v in std.tolist())
 
-    @staticmethod
-    def _classes(folder: Path) -> list[str]:
-        try:
-            classes, _ = find_classes(str(folder))
-        except FileNotFoundError:
-            raise DataError(f"{folder}: no class subfolders (expected {folder}/<class>/<image>)") from None
-        return classes
-
-    def _dataset(self, split: str, transform) -> datasets.DatasetFolder:
-        """The streaming path's dataset of a split: the checked file list, decoded again per item."""
-        ds = datasets.DatasetFolder(
-            str(self.train_dir), loader=load_image, extensions=IMG_EXTENSIONS, transform=transform, allow_empty=True
-        )
-        ds.samples = list(self.samples[split])
-        ds.targets = [t for _, t in ds.samples]
-        return ds
-
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
@@ -256,5 +270,24 @@ class ImageFolderDataModule(ImageClassificationData):
             self.train_set = TensorImageDataset(*self.memory["train"], self.train_tf)
             self.val_set = TensorImageDataset(*self.memory["val"], to_float)
         else:
-            self.train_set = self._dataset("train", self.train_tf)
-            self.val_set = self._dataset("val", self.eval_tf)
+            self.train_set = FileImageDataset(self.samples["train"], self.train_tf, self.soft_targets.get("train"))
+            self.val_set = FileImageDataset(self.samples["val"], self.eval_tf)
+        if "test" in self.samples:
+            self.test_set = (
+                TensorImageDataset(*self.memory["test"], to_normalized(self.mean, self.std))
+                if self.in_memory
+                else FileImageDataset(self.samples["test"], self.eval_tf)
+            )
+
+    @property
+    def has_test_split(self) -> bool:
+        return "test" in self.samples
+
+    def test_dataloader(self):
+        """The test split when the layout gives one (scored, never used to choose), else the validation split."""
+        if not self.has_test_split:
+            return self.val_dataloader()
+        if self.in_memory:
+            return self._device_batches("test")
+        self.setup("test")
+        return self._loader(self.test_set, train=False)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 from torchvision.transforms.functional import pil_to_tensor
@@ -32,8 +32,8 @@ WHITE = (255, 255, 255)
 def load_image(
     path, in_chans: int = 3, max_pixels: int | None = None, formats: tuple[str, ...] | None = None, draft: int = 0
 ) -> Image.Image:
-    """Open any image as 8-bit RGB (in_chans 3) or L (in_chans 1): grayscale, palette, RGBA (composited on white),
-    CMYK and 16-bit included.
+    """Open any image as 8-bit RGB (in_chans 3) or L (in_chans 1), turned upright as its EXIF orientation says:
+    grayscale, palette, RGBA (composited on white), CMYK and 16-bit included.
 
     Args:
         max_pixels: refuse (Image.DecompressionBombError) an image whose size, after `draft`, is over this many
@@ -53,6 +53,9 @@ def load_image(
             f"Image size ({w * h} pixels) exceeds limit of {max_pixels} pixels, could be decompression bomb DOS attack."
         )
     img.load()
+    # A phone stores its photos as the sensor read them, with the turn to upright in EXIF's Orientation tag; every
+    # viewer applies it, so training, predict and serve do too (in place: no copy when there is none to apply).
+    ImageOps.exif_transpose(img, in_place=True)
     return convert_image(img, in_chans)
 
 
@@ -138,6 +141,10 @@ def preprocess_spec(img_size: int, in_chans: int, mean, std) -> list[dict]:
     normalisation do, written so that a runtime without this toolkit (onnxruntime and PIL, say) can repeat them."""
     mode = "L" if in_chans == 1 else "RGB"
     return [
+        {
+            "step": "exif_transpose",
+            "how": "turn the image upright as its EXIF Orientation tag (0x0112) says, as PIL ImageOps.exif_transpose",
+        },
         {
             "step": "scale_wide_grayscale",
             "modes": list(WIDE_MODES),

@@ -19,11 +19,10 @@ from pathlib import Path
 
 import torch
 from PIL import Image
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
 from vit.data.cifar_files import open_cifar
-from vit.data.files import class_files, split_folders
 from vit.data.images import convert_image, read_image
+from vit.data.listing import list_data
 from vit.data.transforms import DataError
 
 GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
@@ -71,7 +70,9 @@ def is_gray(im: Image.Image) -> bool:
 def _file_header(path) -> tuple[int, int, bool] | None:
     try:
         with Image.open(path) as im:
-            return im.size[0], im.size[1], is_gray(im)
+            w, h = im.size
+            turned = im.getexif().get(0x0112, 1) in (5, 6, 7, 8)  # EXIF orientations that swap width and height
+            return (h, w, is_gray(im)) if turned else (w, h, is_gray(im))
     except Exception:  # unreadable files are the data module's to report, with the reason
         return None
 
@@ -88,40 +89,30 @@ def _file_image(path) -> Image.Image | None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def folder_source(root: str | Path, val_fraction: float = 0.2) -> DataSource:
-    """A folder laid out as ImageFolderDataModule reads it: root/<class>/* (val_fraction held out) or root/train and
-    root/val. Counts come from the listing, sizes and modes from file headers."""
-    if not Path(root).is_dir():
-        raise DataError(f"data.root={str(root)!r} is not a folder")  # the data module's words
-    root = Path(root)
-    train_dir, val_dir = split_folders(root)
-    split = val_dir is not None
-    try:
-        classes, to_idx = find_classes(str(train_dir))
-    except FileNotFoundError:
-        raise DataError(f"{train_dir}: no class subfolders (expected {train_dir}/<class>/<image>)") from None
-    listed = class_files(train_dir, to_idx)
-    if not listed:
-        raise DataError(f"{train_dir}: no images with extensions {IMG_EXTENSIONS}")
-    counts = [0] * len(classes)
-    for _, t in listed:
+def folder_source(root: str | Path, val_fraction: float = 0.2, **listing) -> DataSource:
+    """A user's data as ImageFolderDataModule reads it (vit/data/listing.py: class folders, split folders, or a
+    labels file named in `listing`'s keywords): counts from the training listing (less val_fraction when validation is
+    split off it; a test split is not trained on), sizes and modes from file headers."""
+    listed = list_data(root, **listing)
+    train = listed.splits["train"]
+    counts = [0] * len(listed.class_names)
+    for _, t in train:
         counts[t] += 1
-    if split:
-        n_val = len(class_files(val_dir, {c: to_idx[c] for c in find_classes(str(val_dir))[0] if c in to_idx}))
-        n_train = len(listed)
+    if "val" in listed.splits:
+        n_val, n_train = len(listed.splits["val"]), len(train)
     else:
-        n_val = max(1, round(len(listed) * val_fraction))
-        n_train = len(listed) - n_val
+        n_val = max(1, round(len(train) * val_fraction))
+        n_train = len(train) - n_val
         counts = [max(1, round(c * (1 - val_fraction))) for c in counts]
     return DataSource(
         name=str(root),
         n_train=n_train,
         n_val=n_val,
         class_counts=counts,
-        n_items=len(listed),
-        label=lambda i: listed[i][1],
-        header=lambda i: _file_header(listed[i][0]),
-        image=lambda i: _file_image(listed[i][0]),
+        n_items=len(train),
+        label=lambda i: train[i][1],
+        header=lambda i: _file_header(train[i][0]),
+        image=lambda i: _file_image(train[i][0]),
         decodes=True,
     )
 
@@ -271,7 +262,9 @@ def source_for(data) -> DataSource:
     path, init = public_class_path(data.get("class_path")), data.get("init_args") or {}
     get = lambda key, default=None: init.get(key, default) if init.get(key) is not None else default  # noqa: E731
     if path == "vit.data.ImageFolderDataModule":
-        return folder_source(get("root"), val_fraction=get("val_fraction", 0.2))
+        listing = {k: get(k) for k in ("labels", "path_column", "label_column", "group_by")}
+        listing.update(split_column=get("split_column", "split"), group_column=get("group_column", "group"))
+        return folder_source(get("root"), val_fraction=get("val_fraction", 0.2), **listing)
     if path == "vit.data.CIFARDataModule":
         return cifar_source(get("dataset", "cifar10"), get("root", "data"), get("download", True))
     if path == "vit.data.TorchvisionDataModule":

@@ -17,11 +17,10 @@ import multiprocessing
 from pathlib import Path
 
 import torch
-from torchvision.datasets.folder import find_classes
 
 from vit.data.base import ImageClassificationData, channel_mean_std
-from vit.data.files import class_files, split_folders
 from vit.data.images import eval_geometry, load_image
+from vit.data.listing import list_folder
 from vit.data.transforms import check_crop_scale, eval_transform, train_transform
 
 META = "vit_meta.json"  # class names and the training images' mean/std, written beside the chunks
@@ -48,14 +47,12 @@ def optimize_folder(root: str, output_dir: str, num_workers: int = 1, chunk_byte
     from litdata import optimize
 
     root_p, out = Path(root), Path(output_dir)
-    train_dir, val_dir = split_folders(root_p)
-    if val_dir is None:
+    listing = list_folder(root_p)
+    if "val" not in listing.splits:
         raise ValueError(f"{root}: optimize needs root/train/<class>/ and root/val/<class>/ (or valid, validation...)")
-    classes, _ = find_classes(str(train_dir))
-    to_idx = {c: i for i, c in enumerate(classes)}
-    for split, folder in (("train", train_dir), ("val", val_dir)):
-        files = class_files(folder, to_idx)
-        items = [(p, t, i) for i, (p, t) in enumerate(files)]
+    classes = listing.class_names
+    for split in ("train", "val"):
+        items = [(p, t, i) for i, (p, t) in enumerate(listing.splits[split])]
         optimize(
             fn=_read,
             inputs=items,
@@ -69,7 +66,7 @@ def optimize_folder(root: str, output_dir: str, num_workers: int = 1, chunk_byte
             # later DataLoader of the process spawns too. The platform's own method keeps both as they were.
             start_method=multiprocessing.get_start_method(),
         )
-    train_files = class_files(train_dir, to_idx)
+    train_files = listing.splits["train"]
     sample = [p for p, _ in train_files[:: max(1, len(train_files) // 500)][:500]]
     # the same statistics as a folder's (channel_mean_std), of a stride sample decoded at 64 px (the chunks keep the
     # encoded files; the size to train at is not known here)

@@ -8,7 +8,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torchmetrics.functional.classification import multiclass_confusion_matrix
 
 from vit.data.base import ImageClassificationData, whole_train_batches, whole_val_batches
-from vit.evaluation.calibration import calibration_report, fit_temperature
+from vit.evaluation.calibration import calibration_report, fit_temperature, probabilities
 from vit.evaluation.logit_adjustment import adjust_checkpoints
 from vit.evaluation.map_callback import add_png
 from vit.evaluation.report import confusion_figure, figure_pixels
@@ -96,12 +96,67 @@ def calibration_lines(best: dict, dm: ImageClassificationData, tb: TensorBoardLo
     return lines
 
 
+def soft_label_line(best: dict, dm: ImageClassificationData, tb: TensorBoardLogger | None, step: int) -> str | None:
+    """Where the labels were probabilities (soft labels): the chosen checkpoint's calibrated probabilities against
+    them on the validation images, as the Brier score (mean squared distance, 0 best) and the log-loss (cross-entropy
+    against the label's distribution); None for hard labels."""
+    soft = getattr(dm, "soft_targets", {}).get("val")
+    if soft is None:
+        return None
+    probs = probabilities(best["logits"], best["calibration"]["temperature"])  # (N, C), in the validation order
+    brier = float((probs - soft).square().sum(-1).mean())
+    log_loss = float(-(soft * probs.clamp(min=1e-12).log()).sum(-1).mean())
+    if tb is not None:
+        tb.experiment.add_scalar("eval/brier_soft", brier, step)
+        tb.experiment.add_scalar("eval/log_loss_soft", log_loss, step)
+    return f"against the validation images' label probabilities: Brier {brier:.4f}, log-loss {log_loss:.4f}"
+
+
 def unknown_line(best: dict) -> str:
     """What fit prints of the best checkpoint's rejection record (measure_after_fit)."""
     record = best["unknown"]
     return (
         f"unknown: {record['score']} below its threshold says 'unknown' (set on the validation images to accept at "
         f"least {ACCEPT:.0%} of images like them); {len(record['thresholds'])} scores stored for vit-eval --ood"
+    )
+
+
+def test_after_fit(
+    path: str, dm: ImageClassificationData, device: torch.device, tb: TensorBoardLogger | None, step: int, out
+) -> str | None:
+    """The chosen checkpoint on the data's test split, once: it chose nothing (not the checkpoint, the temperature
+    or a threshold). Accuracy, balanced accuracy and NLL (at the fitted temperature) are printed, written to `out`
+    (test_metrics.json) when given, and to TensorBoard under test/. None where the data has no test split."""
+    import json
+
+    from vit.evaluation.calibration import logits_of
+    from vit.model.checkpoint import load_checkpoint, model_of
+
+    if not getattr(dm, "has_test_split", False):
+        return None
+    dm.setup("test")
+    ckpt = load_checkpoint(path)
+    model, _ = model_of(ckpt, path)
+    logits, targets = logits_of(model, whole_val_batches(dm, "test"), device)
+    temperature = (ckpt.get("calibration") or {}).get("temperature", 1.0)
+    pred = logits.argmax(-1)
+    metrics = {
+        "checkpoint": str(path),
+        "images": len(targets),
+        "acc": float((pred == targets).double().mean()),
+        "acc_balanced": balanced_accuracy(pred, targets, dm.num_classes),
+        "nll": float(torch.nn.functional.cross_entropy(logits / temperature, targets)),
+    }
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(metrics, indent=1) + "\n")
+    if tb is not None:
+        for key in ("acc", "acc_balanced", "nll"):
+            tb.experiment.add_scalar(f"test/{key}", metrics[key], step)
+        tb.experiment.flush()
+    return (
+        f"test split ({metrics['images']} images, scored once, used to choose nothing): accuracy {metrics['acc']:.4f}, "
+        f"balanced accuracy {metrics['acc_balanced']:.4f}" + (f" -> {out}" if out is not None else "")
     )
 
 

@@ -188,15 +188,17 @@ class ViTClassifier(L.LightningModule):
         if side is not None and side != x.shape[-1]:  # progressive resizing: (B, C, H, W) -> (B, C, side, side)
             x = F.interpolate(x, size=(side, side), mode="bilinear", antialias=True, align_corners=False)
         prior = self._log_prior if self._log_prior is not None else 0.0  # (C,) logit adjustment, or none
+        soft = y.is_floating_point()  # (B, C) class probabilities (soft labels), else (B,) class indices
         if self.mixup is not None and len(x) % 2 == 0:  # timm's Mixup pairs images: it needs an even batch
-            x, y_soft = self.mixup(x, y)
+            x, y_soft = mix_soft(self.mixup, x, y) if soft else self.mixup(x, y)
             loss = self.soft_ce(self(x) + prior, y_soft)
         else:
             logits = self(x)
+            # cross_entropy takes class indices or probabilities alike (label smoothing applies to both)
             loss = F.cross_entropy(logits + prior, y, label_smoothing=self.hparams.label_smoothing)
             # update only: one log of the epoch's accuracy in on_train_epoch_end instead of a self.log per step
             # (each costs Lightning an apply_to_collection over the metric), and no per-batch compute
-            self.train_acc.update(logits.detach(), y)
+            self.train_acc.update(logits.detach(), y.argmax(-1) if soft else y)
         if self._moe_layers:  # load balancing across experts, weighted into the loss
             aux = torch.stack([m.aux_loss for m in self._moe_layers]).sum()
             loss = loss + self.hparams.moe_aux_weight * aux
@@ -430,6 +432,16 @@ class ViTClassifier(L.LightningModule):
             )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(hp, warmup, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def mix_soft(mixup: Mixup, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """timm's Mixup/CutMix for targets that are already probabilities (B, C): timm's `__call__` one-hots class
+    indices, so the images are mixed by its per-batch draw (`_mix_batch`, in place; lam corrected for the CutMix box)
+    and the targets mixed here with the same lam and the same reversed pairing, smoothed as timm smooths."""
+    lam = mixup._mix_batch(x)
+    smoothing, classes = mixup.label_smoothing, y.shape[-1]
+    y = y * (1.0 - smoothing) + smoothing / classes
+    return x, y * lam + y.flip(0) * (1.0 - lam)
 
 
 def params_with_grads(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:

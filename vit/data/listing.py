@@ -1,0 +1,332 @@
+"""What a user's data is, read once: its classes and, per split, the (path, class) of every image, with the group each
+image belongs to. Every reader of a user's folder (the DataModule, the planner's source, vit-eval) lists it here.
+
+    listing = list_data("photos/")                               # class folders, split folders, or ...
+    listing = list_data("photos/", labels="photos/labels.csv")   # ... a labels file: path, label[, split][, group]
+    train, val = split_validation(listing.splits["train"], 0.2, seed=0, groups=listing.groups)
+
+Layouts, with timm's and Hugging Face's split names:
+    root/<class>/*                                    validation split off the training images by the toolkit
+    root/train/<class>/* + root/val/<class>/*         validation given (val, valid, validation, eval, evaluation)
+    root/train/<class>/* + root/test/<class>/*        a test split (Kaggle's, Ultralytics'): validation split off train
+    root/train + root/val + root/test                 all three given
+A test split is never used to choose anything: it is scored once at the end of fit and by `vit-train test`.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
+
+from vit.data.files import SPLIT_NAMES, class_files
+from vit.data.transforms import DataError
+
+log = logging.getLogger(__name__)
+
+# A labels file's columns when not named by flag: Hugging Face imagefolder's metadata.csv (file_name, label),
+# fastai's from_csv (fname, labels), Kaggle's and annotation tools' usual names.
+PATH_COLUMNS = ("file_name", "path", "filename", "file", "fname", "image", "image_path", "filepath", "name", "id")
+LABEL_COLUMNS = ("label", "labels", "class", "target", "category", "class_name", "probability")
+
+
+@dataclass
+class Listing:
+    """A user's data as listed: class names (sorted), and per split [(path, class index)]; "train" always, "val" and
+    "test" when the layout or the labels file gives them. groups: path -> group name for images that share one (a
+    labels file's group column, or data.group_by); an image without one is a group of its own. soft: path -> the
+    probability of each class, where the labels file gives probabilities (the class index is the likeliest)."""
+
+    class_names: list[str]
+    splits: dict[str, list[tuple[str, int]]]
+    groups: dict[str, str] = field(default_factory=dict)
+    found: str = ""
+    soft: dict[str, tuple[float, ...]] = field(default_factory=dict)
+
+
+def split_dirs(root: Path) -> dict[str, Path]:
+    """The split folders of root ({"train": root/train, "val": ..., "test": ...}), or {} for one folder of classes.
+    A layout that cannot be read one way only is a DataError naming what was found."""
+    found = {s: [root / n for n in names if (root / n).is_dir()] for s, names in SPLIT_NAMES.items()}
+    for split, dirs in found.items():
+        if len(dirs) > 1:
+            raise DataError(f"{root}: {' and '.join(d.name + '/' for d in dirs)} are both {split} splits: keep one")
+    dirs = {s: d[0] for s, d in found.items() if d}
+    if not dirs:
+        return {}
+    if "train" not in dirs:
+        named = ", ".join(f"{d.name}/" for d in dirs.values())
+        raise DataError(
+            f"{root}: {named} found but no train/ (training, train) folder: add root/train/<class>/, or rename "
+            f"{named} if it is a class"
+        )
+    others = sorted(p.name for p in root.iterdir() if p.is_dir() and p not in dirs.values() and p.name[0] != ".")
+    if others:
+        raise DataError(
+            f"{root}: split folders {', '.join(d.name + '/' for d in dirs.values())} beside other folders {others}: "
+            "put every class inside the split folders"
+        )
+    return dirs
+
+
+def list_folder(root: Path) -> Listing:
+    """Class folders under root, or under its split folders (split_dirs): classes are the training folder's."""
+    dirs = split_dirs(root) or {"train": root}
+    train_dir = dirs["train"]
+    try:
+        classes, to_idx = find_classes(str(train_dir))
+    except FileNotFoundError:
+        raise DataError(f"{train_dir}: no class subfolders (expected {train_dir}/<class>/<image>)") from None
+    splits = {}
+    for split, folder in dirs.items():
+        if split != "train":
+            try:
+                unknown = sorted(set(find_classes(str(folder))[0]) - set(classes))
+            except FileNotFoundError:
+                raise DataError(f"{folder}: no class subfolders (expected {folder}/<class>/<image>)") from None
+            if unknown:
+                raise DataError(f"{folder}: classes {unknown} are not in {train_dir}")
+    for split, folder in dirs.items():
+        splits[split] = class_files(folder, to_idx)
+        if not splits[split]:
+            raise DataError(f"{folder}: no images with extensions {IMG_EXTENSIONS}")
+    found = " + ".join(f"{d.relative_to(root)}/" if d != root else "class folders" for d in dirs.values())
+    return Listing(classes, splits, {}, found)
+
+
+def list_data(
+    root: str | Path,
+    labels: str | Path | None = None,
+    path_column: str | None = None,
+    label_column: str | None = None,
+    split_column: str = "split",
+    group_column: str = "group",
+    group_by: str | None = None,
+    strict: bool = False,
+) -> Listing:
+    """The listing of a folder (list_folder) or of a labels file (read_labels); group_by (a regular expression
+    searched in each path relative to root; its first group, or the whole match, names the image's group) adds
+    groups to either."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"data.root={str(root)!r} is not a folder")
+    if labels is not None:
+        listing = read_labels(root, Path(labels), path_column, label_column, split_column, group_column, strict)
+    else:
+        listing = list_folder(root)
+    if group_by:
+        listing.groups = groups_by_pattern(root, [p for items in listing.splits.values() for p, _ in items], group_by)
+    return listing
+
+
+def groups_by_pattern(root: Path, paths: list[str], pattern: str) -> dict[str, str]:
+    """path -> group: the first group of `pattern` (or the whole match) searched in the path relative to root."""
+    try:
+        rx = re.compile(pattern)
+    except re.error as e:
+        raise DataError(f"data.group_by={pattern!r} is not a regular expression: {e}") from None
+    groups, unmatched = {}, 0
+    for p in paths:
+        rel = Path(p).relative_to(root).as_posix() if Path(p).is_relative_to(root) else Path(p).as_posix()
+        m = rx.search(rel)
+        if m is None:
+            unmatched += 1
+            continue
+        groups[p] = m.group(1) if rx.groups else m.group(0)
+    if unmatched == len(paths):
+        raise DataError(f"data.group_by={pattern!r} matches none of the {len(paths)} paths (e.g. {paths[0]!r})")
+    if unmatched:
+        log.warning(f"data.group_by={pattern!r}: {unmatched} of {len(paths)} paths match nothing: a group each")
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A labels file
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _split_of(value: str) -> str | None:
+    v = value.strip().lower()
+    return next((s for s, names in SPLIT_NAMES.items() if v in names), None)
+
+
+def _column(header: list[str], given: str | None, candidates: tuple[str, ...], what: str, flag: str, src: Path) -> str:
+    if given is not None:
+        if given not in header:
+            raise DataError(f"{src}: no column {given!r} ({flag}); the columns are {header}")
+        return given
+    lower = {h.lower(): h for h in header}
+    found = next((lower[c] for c in candidates if c in lower), None)
+    if found is None:
+        raise DataError(f"{src}: no {what} column among {header}: name it with {flag}")
+    return found
+
+
+def read_labels(
+    root: Path,
+    src: Path,
+    path_column: str | None = None,
+    label_column: str | None = None,
+    split_column: str = "split",
+    group_column: str = "group",
+    strict: bool = False,
+) -> Listing:
+    """A CSV (or TSV: .tsv/.tab) with a path column (relative to root, or absolute), a label column, and optional
+    split and group columns. A row with no path, a file that is not there, an empty label or a second row for the
+    same path is one warning line naming the row, and skipped (strict: a DataError instead); a path given two labels,
+    a split value not known, or a class only outside train stops the run."""
+    if not src.is_file():
+        raise DataError(f"data.labels={str(src)!r}: no such file")
+    delimiter = "\t" if src.suffix.lower() in (".tsv", ".tab") else ","
+    with open(src, newline="", encoding="utf-8-sig") as f:  # utf-8-sig: Excel's CSVs start with a byte-order mark
+        reader = csv.DictReader(f, delimiter=delimiter)
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        if not header:
+            raise DataError(f"{src}: empty file (expected a header row: path,label)")
+        reader.fieldnames = header
+        rows = list(reader)
+    path_col = _column(header, path_column, PATH_COLUMNS, "path", "--data.path_column", src)
+    label_col = _column(header, label_column, LABEL_COLUMNS, "label", "--data.label_column", src)
+    has_split, has_group = split_column in header, group_column in header
+
+    problems: list[str] = []
+    seen: dict[str, tuple[int, str]] = {}  # path -> (line, label)
+    kept: list[tuple[str, str, str, str | None]] = []  # (path, label, split, group)
+    for line, row in enumerate(rows, start=2):  # line 1 is the header
+        where = f"{src}:{line}"
+        rel, label = (row.get(path_col) or "").strip(), (row.get(label_col) or "").strip()
+        if not rel:
+            problems.append(f"{where}: no path in column {path_col!r}")
+            continue
+        path = Path(rel) if Path(rel).is_absolute() else root / rel
+        if not label:
+            problems.append(f"{where}: {rel}: empty label in column {label_col!r}")
+            continue
+        key = str(path)
+        if key in seen:
+            first, first_label = seen[key]
+            if first_label != label:
+                raise DataError(f"{where}: {rel} is labelled {label!r} here and {first_label!r} on line {first}")
+            problems.append(f"{where}: {rel}: duplicate of line {first}")
+            continue
+        if not path.is_file():
+            problems.append(f"{where}: {rel}: " + ("not a file" if path.exists() else f"no such file under {root}"))
+            continue
+        split = "train"
+        if has_split and (value := (row.get(split_column) or "").strip()):
+            split = _split_of(value)
+            if split is None:
+                known = sorted({n for names in SPLIT_NAMES.values() for n in names})
+                raise DataError(f"{where}: split {value!r} is none of {known}")
+        group = (row.get(group_column) or "").strip() or None if has_group else None
+        seen[key] = (line, label)
+        kept.append((key, label, split, group))
+    if problems:
+        listing = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        if strict:
+            raise DataError(f"{src}: {len(problems)} bad row(s) and strict=true: {listing}")
+        for p in problems:
+            log.warning(f"skipping {p}")
+    if not any(s == "train" for _, _, s, _ in kept):
+        raise DataError(f"{src}: no usable training row ({len(rows)} rows, {len(problems)} skipped)")
+    probabilities = _probabilities([label for _, label, _, _ in kept])
+    soft = {}
+    if probabilities is not None:  # one probability per image: the positive class's, thresholded at 0.5 for the label
+        soft = {path: (1.0 - p, p) for (path, *_), p in zip(kept, probabilities)}
+        kept = [(path, str(int(p >= 0.5)), split, g) for (path, _, split, g), p in zip(kept, probabilities)]
+    classes = sorted({label for _, label, s, _ in kept if s == "train"})
+    outside = sorted({label for _, label, s, _ in kept if s != "train"} - set(classes))
+    if outside:
+        raise DataError(f"{src}: classes {outside} appear in val/test rows but in no training row")
+    to_idx = {c: i for i, c in enumerate(classes)}
+    splits: dict[str, list[tuple[str, int]]] = {}
+    for path, label, split, _ in kept:
+        splits.setdefault(split, []).append((path, to_idx[label]))
+    groups = {path: group for path, _, _, group in kept if group is not None}
+    found = f"{src.name} ({', '.join(f'{len(v)} {k}' for k, v in splits.items())})"
+    if soft:
+        found += f"; column {label_col!r} holds probabilities: soft targets, classes 0 / 1 at p >= 0.5"
+    return Listing(classes, splits, groups, found, soft)
+
+
+def _probabilities(labels: list[str]) -> list[float] | None:
+    """The labels as probabilities when every one is a number in [0, 1] and some lie strictly between (a label
+    column of 0 and 1 alone is two classes, "0" and "1"); else None."""
+    try:
+        values = [float(v) for v in labels]
+    except ValueError:
+        return None
+    if not all(0.0 <= v <= 1.0 for v in values) or all(v in (0.0, 1.0) for v in values):
+        return None
+    return values
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The validation split: stratified by class, no group on both sides
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def split_validation(
+    items: list[tuple[str, int]], fraction: float, seed: int, groups: dict[str, str] | None = None
+) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(train, val) of items: about `fraction` of each class in val (a class of 2 images or more keeps at least one
+    there), whole groups on one side only. Groups are visited in a seeded random order and a group goes to val when it
+    brings val's per-class counts closer to their targets (with one image a group, that is a stratified split).
+    The same items, fraction and seed give the same split on every machine (Python's seeded Random)."""
+    groups = groups or {}
+    num_classes = max(t for _, t in items) + 1
+    counts = [0] * num_classes
+    for _, t in items:
+        counts[t] += 1
+    target = class_quotas(counts, fraction)
+    members: dict[str, list[int]] = {}
+    for i, (p, _) in enumerate(items):
+        members.setdefault(groups.get(p, f"\0{p}"), []).append(i)
+    order = sorted(members)
+    random.Random(seed).shuffle(order)
+    in_val, have = set(), [0] * num_classes
+    for g in order:
+        add: dict[int, int] = {}
+        for i in members[g]:
+            add[items[i][1]] = add.get(items[i][1], 0) + 1
+        # the change in sum_c |target_c - have_c| if g went to val (only g's classes move)
+        change = sum(abs(target[c] - have[c] - a) - abs(target[c] - have[c]) for c, a in add.items())
+        if change < 0:
+            in_val.update(members[g])
+            for c, a in add.items():
+                have[c] += a
+    if not in_val or len(in_val) == len(items):
+        raise DataError(
+            f"{len(items)} images in {len(members)} group(s) are too few to split with val_fraction={fraction}"
+        )
+    train = [it for i, it in enumerate(items) if i not in in_val]
+    val = [it for i, it in enumerate(items) if i in in_val]
+    return train, val
+
+
+def class_quotas(counts: list[int], fraction: float) -> list[int]:
+    """Validation images per class: `fraction` of the whole set (rounded) shared out in proportion to the classes
+    (largest remainders first), and at least one for every class of 2 images or more."""
+    exact = [n * fraction for n in counts]
+    quota = [int(e) for e in exact]
+    left = max(1, round(sum(counts) * fraction)) - sum(quota)
+    for c in sorted(range(len(counts)), key=lambda c: quota[c] - exact[c])[: max(0, left)]:
+        quota[c] += 1
+    return [max(1, min(q, n - 1)) if n >= 2 else 0 for q, n in zip(quota, counts)]
+
+
+def write_split(path: Path, root: Path, samples: dict[str, list[tuple[str, int]]], class_names: list[str]) -> None:
+    """path (relative to root),label,split of every image a run uses (split.csv beside its logs): a labels file
+    that `--data.labels` reads back as the same split."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["path", "label", "split"])
+        for split, items in samples.items():
+            out.writerows((os.path.relpath(p, root), class_names[t], split) for p, t in items)
