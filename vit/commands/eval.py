@@ -13,6 +13,7 @@ vit-predict does. Exit status: 0 done, 1 done but some files were unreadable (li
 """
 
 import argparse
+import csv
 import importlib
 import json
 import os
@@ -51,7 +52,9 @@ class FileBatches:
     stderr, left out, and listed in `.errors`; `.kept` lists the positions scored, in order."""
 
     def __init__(self, files: list[str], targets: list[int], hparams: dict, batch_size: int, workers, device):
-        self.files, self.targets, self.device = files, torch.tensor(targets, dtype=torch.long), device
+        # targets: class indices, or a multi-label model's (N, C) 0/1 tensor
+        self.files, self.device = files, device
+        self.targets = targets if isinstance(targets, torch.Tensor) else torch.tensor(targets, dtype=torch.long)
         if workers is None:  # as vit-predict: leave a core to the forward
             workers = max(1, min(4, (os.cpu_count() or 2) - 1)) if len(files) > batch_size else 0
         self.loader = DataLoader(
@@ -254,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     temperature = 1.0 if args.raw_probs else hparams.get("temperature", 1.0)
     device = pick_device(args.device)
     ckpt = load_checkpoint(args.ckpt)  # its records beside the weights: the training data, the label issues
+    if hparams.get("task") == "multilabel":
+        return eval_multilabel(args, model, hparams, ckpt, classes, device)
     tap = None if args.tta else FeatureTap(model)  # the pooled features of the same pass, for rejection
     scorer = SymmetryTTA(model, *tta_views(ckpt.get("data"))) if args.tta else tap
     try:
@@ -298,6 +303,56 @@ def main(argv: list[str] | None = None) -> int:
         f" macro F1 {metrics['f1_macro']:.4f}, ECE {metrics['ece']:.4f} (raw {metrics['ece_uncalibrated']:.4f})"
     )
     print(unknown_lines(metrics) + f"report: {out / 'index.html'}")
+    return 1 if metrics["skipped"] else 0
+
+
+def eval_multilabel(args, model, hparams: dict, ckpt: dict, classes: list[str], device) -> int:
+    """A multi-label model on its own validation or test split: mAP and F1 at the stored thresholds beside the
+    per-label majority baseline (metrics.json, per_label.csv, predictions.csv, index.html)."""
+    from vit.evaluation.calibration import logits_of
+    from vit.evaluation.multilabel import multilabel_report, report_page
+
+    if args.split is None or args.ood or args.tta:
+        print("error: a multi-label model is scored on --split val or --split test (its labels file), without "
+              "--ood or --tta", file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        dm = training_data(args.ckpt, ckpt, hparams)
+        if args.split not in dm.samples:
+            raise DataError(f"{args.ckpt}: its training data has no {args.split} split")
+        items = dm.samples[args.split]
+        fb = FileBatches(
+            [p for p, _ in items], dm.targets_of(items), hparams, args.batch_size, args.num_workers, device
+        )
+        logits, targets = logits_of(model, progress(fb), device)
+    except (DataError, CheckpointError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    probs = logits.sigmoid()
+    share = dm.targets_of(dm.samples["train"]).mean(0)  # (C,) training images carrying each label
+    metrics = multilabel_report(probs, targets, hparams["thresholds"], share, classes)
+    metrics["skipped"] = [{"path": p, "error": e} for p, e in fb.errors]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    with open(out / "per_label.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(metrics["per_label"][0]))
+        w.writeheader()
+        w.writerows(metrics["per_label"])
+    with open(out / "predictions.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "labels", "true", *[f"prob_{c}" for c in classes]])
+        given = probs >= torch.tensor(hparams["thresholds"])
+        for i, k in enumerate(fb.kept):
+            names = lambda row: ";".join(c for c, on in zip(classes, row) if on)  # noqa: E731
+            w.writerow([fb.files[k], names(given[i]), names(targets[i] > 0.5), *[f"{p:.4f}" for p in probs[i]]])
+    (out / "index.html").write_text(report_page(metrics, f"{Path(args.ckpt).name} on its {args.split} split"))
+    base = metrics["baseline"]
+    print(
+        f"{metrics['n']} images: mAP {metrics['mAP']:.4f}, F1 macro {metrics['f1_macro']:.4f}, micro "
+        f"{metrics['f1_micro']:.4f} (per-label majority: mAP {base['mAP']:.4f}, F1 macro {base['f1_macro']:.4f}, "
+        f"micro {base['f1_micro']:.4f})\nreport: {out / 'index.html'}"
+    )
     return 1 if metrics["skipped"] else 0
 
 

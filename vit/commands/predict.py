@@ -33,18 +33,23 @@ def format_records(records: list[dict], fmt: str, topk: int) -> str:
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf)
-        head = ["path", *[f"{c}{r}" for r in range(1, topk + 1) for c in ("label", "prob")], "unknown", "error"]
+        multi = any("labels" in rec for rec in records)  # a multi-label model: the labels given, ';'-separated
+        head = ["path", *(["labels"] if multi else [])]
+        head += [*[f"{c}{r}" for r in range(1, topk + 1) for c in ("label", "prob")], "unknown", "error"]
         w.writerow(head)
         for rec in records:
             cells = [v for p in rec["predictions"] for v in (p["label"], f"{p['prob']:.4f}")]
             unknown = "" if rec["unknown"] is None else str(rec["unknown"]).lower()
-            w.writerow([rec["path"], *cells, *[""] * (2 * topk - len(cells)), unknown, rec["error"] or ""])
+            given = [";".join(rec.get("labels") or [])] if multi else []
+            w.writerow([rec["path"], *given, *cells, *[""] * (2 * topk - len(cells)), unknown, rec["error"] or ""])
         return buf.getvalue()
     width = max([len("path"), *(len(r["path"]) for r in records)])
     lines = [f"{'path':<{width}}  predictions"]
     for rec in records:
         preds = "  ".join(f"{p['label']} {p['prob']:.3f}" for p in rec["predictions"])
         preds = f"UNKNOWN (nearest: {preds})" if rec["unknown"] else preds
+        if "labels" in rec:  # a multi-label model: the labels given, then each top label's own probability
+            preds = f"[{', '.join(rec['labels']) or 'none'}]  {preds}"
         lines.append(f"{rec['path']:<{width}}  {preds if rec['error'] is None else 'ERROR: ' + rec['error']}")
     return "\n".join(lines) + "\n"
 

@@ -41,6 +41,7 @@ from vit.evaluation.after_fit import (
     adjust_after_fit,
     calibration_lines,
     measure_after_fit,
+    multilabel_after_fit,
     soft_label_line,
     test_after_fit,
     unknown_line,
@@ -61,6 +62,7 @@ LINKED = {
     "img_size": "model.arch.img_size",
     "in_chans": "model.arch.in_chans",
     "class_names": "model.class_names",
+    "task": "model.task",
     "mean": "model.mean",
     "std": "model.std",
 }
@@ -229,6 +231,8 @@ class ViTCLI(LightningCLI):
         for cb in self.trainer.checkpoint_callbacks:
             if cb.dirpath is None:
                 cb.dirpath = str(folder.resolve())
+            if cb.monitor == "val/acc" and getattr(self.datamodule, "task", None) == "multilabel":
+                cb.monitor = "val/mAP"  # several labels an image: no accuracy; the ranking of each label's scores
         if logger and self.trainer.is_global_zero and getattr(self.datamodule, "samples", None):
             # which file went to which split: the validation split is made here, seeded (the same on resume)
             dm = self.datamodule
@@ -315,6 +319,10 @@ class ViTCLI(LightningCLI):
             next((lg for lg in self.trainer.loggers if isinstance(lg, TensorBoardLogger)), None),
         )
         try:
+            if saved and self.model.hparams.get("task") == "multilabel":
+                print(multilabel_after_fit(saved, self.datamodule, device, tb, self.trainer.global_step))
+                self._test_after_fit(saved[0], device, tb)
+                return  # no temperature, rejection record or logit adjustment: each reads a softmax over classes
             if saved and self.model.hparams.get("posthoc_logit_adjust"):
                 if line := adjust_after_fit(saved, self.datamodule, device):
                     print(line)
@@ -324,15 +332,15 @@ class ViTCLI(LightningCLI):
                 if line := soft_label_line(best, self.datamodule, tb, self.trainer.global_step):
                     print(line)
                 print(unknown_line(best))
-                out = (
-                    Path(tb.log_dir, "test_metrics.json")
-                    if tb is not None
-                    else Path(saved[0]).with_name("test_metrics.json")
-                )
-                if line := test_after_fit(saved[0], self.datamodule, device, tb, self.trainer.global_step, out):
-                    print(line)
+                self._test_after_fit(saved[0], device, tb)
         finally:  # the passes over the validation set after fit are a stage of their own: free its loader workers
             self.datamodule.teardown("validate")
+
+    def _test_after_fit(self, best: str, device, tb) -> None:
+        """The data's test split, scored once with the chosen checkpoint (test_metrics.json beside the logs)."""
+        out = Path(tb.log_dir if tb is not None else Path(best).parent, "test_metrics.json")
+        if line := test_after_fit(best, self.datamodule, device, tb, self.trainer.global_step, out):
+            print(line)
 
 
 def next_free_version(folder: Path) -> Path:

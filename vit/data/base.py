@@ -36,6 +36,7 @@ class ImageClassificationData(L.LightningDataModule):
 
     num_classes: int
     class_names: list[str]
+    task: str = "multiclass"  # or "multilabel": several labels an image, a (C,) 0/1 target each
     img_size: int
     in_chans: int = 3
     mean: tuple[float, ...]
@@ -114,6 +115,8 @@ class ImageClassificationData(L.LightningDataModule):
             targets = torch.as_tensor(self.train_set.targets)
         else:
             return None
+        if targets.ndim == 2:  # multi-label (N, C): images carrying each label
+            return targets.cpu().sum(0).long().tolist()
         return torch.bincount(targets.cpu(), minlength=self.num_classes).tolist()
 
     def train_dataloader(self) -> DataLoader | DeviceBatches:

@@ -68,7 +68,8 @@ class FileImageDataset(Dataset):
     """(path, target) pairs, each file decoded per item: the streaming path of a folder or a labels file."""
 
     def __init__(self, samples: list[tuple[str, int]], transform, soft: torch.Tensor | None = None):
-        self.samples, self.transform, self.soft = samples, transform, soft  # soft: (N, C) probabilities, or None
+        # soft: (N, C) targets that replace the class index (probabilities, or a multi-label 0/1 vector), or None
+        self.samples, self.transform, self.soft = samples, transform, soft
         self.targets = [t for _, t in samples]
 
     def __len__(self) -> int:
@@ -141,6 +142,7 @@ class ImageFolderDataModule(ImageClassificationData):
         group_column: str = "group",
         group_by: str | None = None,
         soft_labels: bool | None = None,
+        label_delimiter: str | None = None,
     ):
         super().__init__(batch_size, num_workers, eval_batch_size=eval_batch_size)
         self.check_images, self.strict = check_images, strict
@@ -161,11 +163,14 @@ class ImageFolderDataModule(ImageClassificationData):
             group_column=group_column,
             group_by=group_by,
             strict=strict,
+            label_delimiter=label_delimiter,
         )
         self.class_names = self.listing.class_names
         # soft targets: train on the labels file's probabilities (None: whenever it has them); false: on the
         # thresholded labels. Validation and test are scored against the thresholded labels either way.
         self.soft_labels = bool(self.listing.soft) and soft_labels is not False
+        # several labels an image: every target is a (C,) 0/1 vector, trained with a sigmoid per label
+        self.task = "multilabel" if self.listing.multi else "multiclass"
         self.num_classes, self.img_size, self.in_chans = len(self.class_names), img_size, 3
         self.val_fraction, self.split_seed = val_fraction, split_seed
         self._decide_and_decode(in_memory, max_memory_gb)
@@ -233,7 +238,9 @@ class ImageFolderDataModule(ImageClassificationData):
         path = "in-memory path (batched augmentation on the training device)" if self.in_memory else "streaming path"
         rank_zero_info(f"{self.root}: {self.listing.found}; {path}: {why}; decoded in {time.perf_counter() - t:.1f} s")
         if "val" not in kept:  # split off the checked training list (and the decoded images with it)
-            train, val = split_validation(kept["train"][0], self.val_fraction, self.split_seed, self.listing.groups)
+            train, val = split_validation(
+                kept["train"][0], self.val_fraction, self.split_seed, self.listing.groups, self.listing.multi
+            )
             index = {p: i for i, (p, _) in enumerate(kept["train"][0])}
             images = kept["train"][1]
             pick = lambda items: [images[index[p]] for p, _ in items] if images else []  # noqa: E731
@@ -241,13 +248,21 @@ class ImageFolderDataModule(ImageClassificationData):
         self.samples = {split: items for split, (items, _) in kept.items()}
         if self.in_memory:
             for split, (items, images) in kept.items():
-                targets = torch.tensor([t for _, t in items], dtype=torch.long)
-                self.memory[split] = (stack_releasing(images), targets)  # (N, 3, S, S) uint8
+                self.memory[split] = (stack_releasing(images), self.targets_of(items))  # (N, 3, S, S) uint8
         if self.soft_labels:  # (N, C) class probabilities of the training images, the training loss's targets
             self.soft_targets = {
                 split: torch.tensor([self.listing.soft[p] for p, _ in items], dtype=torch.float32)
                 for split, items in self.samples.items()
             }
+
+    def targets_of(self, items: list[tuple[str, int]]) -> torch.Tensor:
+        """The targets of (path, class) items: (N,) class indices, or for multi-label (N, C) 0/1 floats."""
+        if self.task != "multilabel":
+            return torch.tensor([t for _, t in items], dtype=torch.long)
+        targets = torch.zeros(len(items), self.num_classes)
+        for i, (path, _) in enumerate(items):
+            targets[i, list(self.listing.multi[path])] = 1.0
+        return targets
 
     def _measure_mean_std(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Per-channel mean and std of the training images in [0, 1]: all decoded ones, or 500 when streaming."""
@@ -270,13 +285,21 @@ class ImageFolderDataModule(ImageClassificationData):
             self.train_set = TensorImageDataset(*self.memory["train"], self.train_tf)
             self.val_set = TensorImageDataset(*self.memory["val"], to_float)
         else:
-            self.train_set = FileImageDataset(self.samples["train"], self.train_tf, self.soft_targets.get("train"))
-            self.val_set = FileImageDataset(self.samples["val"], self.eval_tf)
+            multi = self.task == "multilabel"
+            train_targets = self.targets_of(self.samples["train"]) if multi else self.soft_targets.get("train")
+            self.train_set = FileImageDataset(self.samples["train"], self.train_tf, train_targets)
+            self.val_set = FileImageDataset(
+                self.samples["val"], self.eval_tf, self.targets_of(self.samples["val"]) if multi else None
+            )
         if "test" in self.samples:
             self.test_set = (
                 TensorImageDataset(*self.memory["test"], to_normalized(self.mean, self.std))
                 if self.in_memory
-                else FileImageDataset(self.samples["test"], self.eval_tf)
+                else FileImageDataset(
+                    self.samples["test"],
+                    self.eval_tf,
+                    self.targets_of(self.samples["test"]) if self.task == "multilabel" else None,
+                )
             )
 
     @property

@@ -41,13 +41,15 @@ class Listing:
     """A user's data as listed: class names (sorted), and per split [(path, class index)]; "train" always, "val" and
     "test" when the layout or the labels file gives them. groups: path -> group name for images that share one (a
     labels file's group column, or data.group_by); an image without one is a group of its own. soft: path -> the
-    probability of each class, where the labels file gives probabilities (the class index is the likeliest)."""
+    probability of each class, where the labels file gives probabilities (the class index is the likeliest). multi:
+    path -> its labels, where an image has several (the class index is its rarest label)."""
 
     class_names: list[str]
     splits: dict[str, list[tuple[str, int]]]
     groups: dict[str, str] = field(default_factory=dict)
     found: str = ""
     soft: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    multi: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def split_dirs(root: Path) -> dict[str, Path]:
@@ -109,6 +111,7 @@ def list_data(
     group_column: str = "group",
     group_by: str | None = None,
     strict: bool = False,
+    label_delimiter: str | None = None,
 ) -> Listing:
     """The listing of a folder (list_folder) or of a labels file (read_labels); group_by (a regular expression
     searched in each path relative to root; its first group, or the whole match, names the image's group) adds
@@ -117,7 +120,9 @@ def list_data(
     if not root.is_dir():
         raise DataError(f"data.root={str(root)!r} is not a folder")
     if labels is not None:
-        listing = read_labels(root, Path(labels), path_column, label_column, split_column, group_column, strict)
+        listing = read_labels(
+            root, Path(labels), path_column, label_column, split_column, group_column, strict, label_delimiter
+        )
     else:
         listing = list_folder(root)
     if group_by:
@@ -176,11 +181,13 @@ def read_labels(
     split_column: str = "split",
     group_column: str = "group",
     strict: bool = False,
+    label_delimiter: str | None = None,
 ) -> Listing:
     """A CSV (or TSV: .tsv/.tab) with a path column (relative to root, or absolute), a label column, and optional
     split and group columns. A row with no path, a file that is not there, an empty label or a second row for the
     same path is one warning line naming the row, and skipped (strict: a DataError instead); a path given two labels,
-    a split value not known, or a class only outside train stops the run."""
+    a split value not known, or a class only outside train stops the run. With `label_delimiter` the label column
+    holds a list ("crack finger", fastai's label_delim): several labels an image (Listing.multi)."""
     if not src.is_file():
         raise DataError(f"data.labels={str(src)!r}: no such file")
     delimiter = "\t" if src.suffix.lower() in (".tsv", ".tab") else ","
@@ -235,24 +242,42 @@ def read_labels(
             log.warning(f"skipping {p}")
     if not any(s == "train" for _, _, s, _ in kept):
         raise DataError(f"{src}: no usable training row ({len(rows)} rows, {len(problems)} skipped)")
-    probabilities = _probabilities([label for _, label, _, _ in kept])
+    probabilities = _probabilities([label for _, label, _, _ in kept]) if label_delimiter is None else None
     soft = {}
     if probabilities is not None:  # one probability per image: the positive class's, thresholded at 0.5 for the label
         soft = {path: (1.0 - p, p) for (path, *_), p in zip(kept, probabilities)}
         kept = [(path, str(int(p >= 0.5)), split, g) for (path, _, split, g), p in zip(kept, probabilities)]
-    classes = sorted({label for _, label, s, _ in kept if s == "train"})
-    outside = sorted({label for _, label, s, _ in kept if s != "train"} - set(classes))
+    names_of = lambda label: [v.strip() for v in label.split(label_delimiter) if v.strip()]  # noqa: E731
+    if label_delimiter is not None:  # several labels an image: every name in the list is a class
+        classes = sorted({n for _, label, s, _ in kept if s == "train" for n in names_of(label)})
+        outside = sorted({n for _, label, s, _ in kept if s != "train" for n in names_of(label)} - set(classes))
+    else:
+        classes = sorted({label for _, label, s, _ in kept if s == "train"})
+        outside = sorted({label for _, label, s, _ in kept if s != "train"} - set(classes))
     if outside:
         raise DataError(f"{src}: classes {outside} appear in val/test rows but in no training row")
     to_idx = {c: i for i, c in enumerate(classes)}
     splits: dict[str, list[tuple[str, int]]] = {}
+    multi: dict[str, tuple[int, ...]] = {}
     for path, label, split, _ in kept:
-        splits.setdefault(split, []).append((path, to_idx[label]))
+        if label_delimiter is not None:
+            multi[path] = tuple(sorted({to_idx[n] for n in names_of(label)}))
+            # the class index a split or a plot needs: the image's rarest label (listed after the loop)
+        splits.setdefault(split, []).append((path, to_idx[label] if label_delimiter is None else -1))
+    if multi:
+        counts = [0] * len(classes)
+        for labels in multi.values():
+            for c in labels:
+                counts[c] += 1
+        rarest = lambda p: min(multi[p], key=lambda c: (counts[c], c))  # noqa: E731
+        splits = {s: [(p, rarest(p)) for p, _ in items] for s, items in splits.items()}
     groups = {path: group for path, _, _, group in kept if group is not None}
     found = f"{src.name} ({', '.join(f'{len(v)} {k}' for k, v in splits.items())})"
     if soft:
         found += f"; column {label_col!r} holds probabilities: soft targets, classes 0 / 1 at p >= 0.5"
-    return Listing(classes, splits, groups, found, soft)
+    if multi:
+        found += f"; {label_delimiter!r}-separated labels: multi-label, {len(classes)} labels"
+    return Listing(classes, splits, groups, found, soft, multi)
 
 
 def _probabilities(labels: list[str]) -> list[float] | None:
@@ -273,17 +298,24 @@ def _probabilities(labels: list[str]) -> list[float] | None:
 
 
 def split_validation(
-    items: list[tuple[str, int]], fraction: float, seed: int, groups: dict[str, str] | None = None
+    items: list[tuple[str, int]],
+    fraction: float,
+    seed: int,
+    groups: dict[str, str] | None = None,
+    multi: dict[str, tuple[int, ...]] | None = None,
 ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """(train, val) of items: about `fraction` of each class in val (a class of 2 images or more keeps at least one
     there), whole groups on one side only. Groups are visited in a seeded random order and a group goes to val when it
-    brings val's per-class counts closer to their targets (with one image a group, that is a stratified split).
-    The same items, fraction and seed give the same split on every machine (Python's seeded Random)."""
-    groups = groups or {}
-    num_classes = max(t for _, t in items) + 1
+    brings val's per-class counts closer to their targets (with one image a group, that is a stratified split; with
+    several labels an image (`multi`, path -> labels) every label is counted: a greedy form of iterative
+    stratification). The same items, fraction and seed give the same split on every machine (seeded Random)."""
+    groups, multi = groups or {}, multi or {}
+    labels = [multi.get(p, (t,)) for p, t in items]
+    num_classes = max(max(ls) for ls in labels) + 1
     counts = [0] * num_classes
-    for _, t in items:
-        counts[t] += 1
+    for ls in labels:
+        for t in ls:
+            counts[t] += 1
     target = class_quotas(counts, fraction)
     members: dict[str, list[int]] = {}
     for i, (p, _) in enumerate(items):
@@ -294,7 +326,8 @@ def split_validation(
     for g in order:
         add: dict[int, int] = {}
         for i in members[g]:
-            add[items[i][1]] = add.get(items[i][1], 0) + 1
+            for t in labels[i]:
+                add[t] = add.get(t, 0) + 1
         # the change in sum_c |target_c - have_c| if g went to val (only g's classes move)
         change = sum(abs(target[c] - have[c] - a) - abs(target[c] - have[c]) for c, a in add.items())
         if change < 0:

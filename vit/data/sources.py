@@ -57,6 +57,8 @@ class DataSource:
     image: Callable[[int], Image.Image | None]
     decodes: bool
     in_chans: int = 3
+    task: str = "multiclass"  # "multilabel": several labels an image (class_counts: images carrying each label)
+    soft_labels: bool = False  # the labels file gives each image's class probabilities
 
 
 def is_gray(im: Image.Image) -> bool:
@@ -96,8 +98,9 @@ def folder_source(root: str | Path, val_fraction: float = 0.2, **listing) -> Dat
     listed = list_data(root, **listing)
     train = listed.splits["train"]
     counts = [0] * len(listed.class_names)
-    for _, t in train:
-        counts[t] += 1
+    for path, t in train:
+        for c in listed.multi.get(path, (t,)):  # multi-label: every label an image carries
+            counts[c] += 1
     if "val" in listed.splits:
         n_val, n_train = len(listed.splits["val"]), len(train)
     else:
@@ -114,6 +117,8 @@ def folder_source(root: str | Path, val_fraction: float = 0.2, **listing) -> Dat
         header=lambda i: _file_header(train[i][0]),
         image=lambda i: _file_image(train[i][0]),
         decodes=True,
+        task="multilabel" if listed.multi else "multiclass",
+        soft_labels=bool(listed.soft),
     )
 
 
@@ -262,7 +267,7 @@ def source_for(data) -> DataSource:
     path, init = public_class_path(data.get("class_path")), data.get("init_args") or {}
     get = lambda key, default=None: init.get(key, default) if init.get(key) is not None else default  # noqa: E731
     if path == "vit.data.ImageFolderDataModule":
-        listing = {k: get(k) for k in ("labels", "path_column", "label_column", "group_by")}
+        listing = {k: get(k) for k in ("labels", "path_column", "label_column", "group_by", "label_delimiter")}
         listing.update(split_column=get("split_column", "split"), group_column=get("group_column", "group"))
         return folder_source(get("root"), val_fraction=get("val_fraction", 0.2), **listing)
     if path == "vit.data.CIFARDataModule":

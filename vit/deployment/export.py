@@ -98,6 +98,9 @@ def sidecar(hparams: dict) -> dict:
         "temperature": hparams.get("temperature", 1.0),
         # rejection: the score (of `logits` and `features`), its threshold and the statistics it needs; null: none
         "unknown": unknown_sidecar(hparams.get("unknown")),
+        # "multilabel": `logits` are one sigmoid per label, each label given at or above its threshold (a list)
+        "task": hparams.get("task") or "multiclass",
+        "thresholds": hparams.get("thresholds"),
     }
 
 

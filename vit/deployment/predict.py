@@ -85,6 +85,17 @@ def top_k(logits: torch.Tensor, names: list[str], k: int, temperature: float = 1
     ]
 
 
+def labels_above(logits: torch.Tensor, names: list[str], k: int, thresholds: list[float]) -> tuple[list, list]:
+    """A multi-label model's (B, C) logits -> per image the k most probable labels [{'label', 'prob'}] (each label's
+    own sigmoid probability: they need not sum to 1), and the labels at or above their thresholds, likeliest first."""
+    probs = logits.float().sigmoid()
+    given = probs >= torch.tensor(thresholds, device=probs.device)
+    order = probs.argsort(dim=-1, descending=True).cpu().tolist()
+    probs, given = probs.cpu().tolist(), given.cpu().tolist()
+    top = [[{"label": names[c], "prob": round(p[c], 6)} for c in o[:k]] for p, o in zip(probs, order)]
+    return top, [[names[c] for c in o if g[c]] for g, o in zip(given, order)]
+
+
 def class_names(model, hparams: dict) -> list[str]:
     return hparams.get("class_names") or [str(i) for i in range(model.num_classes)]
 
@@ -121,7 +132,7 @@ def predict(
     raw_probs: bool = False,
 ) -> list[dict]:
     """Classify image files: one record per path, in order: {'path', 'predictions': [{'label', 'prob'}], 'unknown',
-    'error'}.
+    'error'}; a multi-label model's records add 'labels', every label at or above its threshold (labels_above).
     With `attention_out`, also an overlay PNG per image there (`attention_map`: relevance or rollout). Probabilities
     are calibrated by the checkpoint's temperature (hparams["temperature"]) unless `raw_probs`."""
     from torchvision.utils import save_image
@@ -165,6 +176,11 @@ def predict(
             else:
                 logits, feats = reject.forward(model, x)
             unknown = reject(logits, feats).tolist()
+            if hparams.get("task") == "multilabel":  # several labels an image: every one above its threshold
+                top, given = labels_above(logits, names, topk, hparams["thresholds"])
+                for i, preds, labels in zip(idx, top, given):
+                    records[i]["predictions"], records[i]["labels"] = preds, labels
+                continue
             for i, preds, u in zip(idx, top_k(logits, names, topk, temperature), unknown):
                 records[i]["predictions"], records[i]["unknown"] = preds, u
     return records

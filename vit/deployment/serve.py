@@ -28,7 +28,7 @@ from starlette.requests import Request
 
 from vit.data.images import describe, image_at, read_image
 from vit.deployment.onnx_model import load_onnx
-from vit.deployment.predict import channel_stats, class_names, map_and_logits, normalize, top_k
+from vit.deployment.predict import channel_stats, class_names, labels_above, map_and_logits, normalize, top_k
 from vit.evaluation.attention_maps import denormalize, overlay
 from vit.evaluation.unknown import Rejector
 from vit.model.checkpoint import load_model
@@ -316,12 +316,20 @@ class ViTAPI(ls.LitAPI):
             logits, feats = self.reject.forward(self.model, x)
         unknown = self.reject(logits, feats).tolist()  # the checkpoint's rejection; False without one
         k_max = max(k for _, k, _, _ in items)
-        calibrated = top_k(logits, self.names, k_max, self.hparams.get("temperature", 1.0))
-        raw = top_k(logits, self.names, k_max) if any(r for _, _, _, r in items) else None
-        out = [
-            {"predictions": (raw if r else calibrated)[i][:k], "unknown": unknown[i], "map": None, "batch": len(items)}
-            for i, (_, k, _, r) in enumerate(items)
-        ]
+        if self.hparams.get("task") == "multilabel":  # each label's sigmoid, and the labels above their thresholds
+            top, given = labels_above(logits, self.names, k_max, self.hparams["thresholds"])
+            out = [
+                {"predictions": top[i][:k], "labels": given[i], "unknown": None, "map": None, "batch": len(items)}
+                for i, (_, k, _, _) in enumerate(items)
+            ]
+        else:
+            calibrated = top_k(logits, self.names, k_max, self.hparams.get("temperature", 1.0))
+            raw = top_k(logits, self.names, k_max) if any(r for _, _, _, r in items) else None
+            out = [
+                {"predictions": (raw if r else calibrated)[i][:k], "unknown": unknown[i], "map": None,
+                 "batch": len(items)}
+                for i, (_, k, _, r) in enumerate(items)
+            ]  # fmt: skip
         for kind in MAPS[1:]:
             idx = [i for i, (_, _, m, _) in enumerate(items) if m == kind]
             if idx and not self.onnx:  # an ONNX graph has no attention to read: "map" stays null
@@ -349,4 +357,7 @@ def server_info(ckpt: str | Path, hparams: dict) -> dict:
         "temperature": hparams.get("temperature", 1.0),  # probabilities are softmax(logits / temperature); ?raw=1
         # the score that says "unknown" (vit/evaluation/unknown.py) and its threshold; null: never unknown
         "unknown": {k: hparams["unknown"][k] for k in ("score", "threshold")} if hparams.get("unknown") else None,
+        # "multilabel": several labels an image, each given at or above its threshold (then under "labels")
+        "task": hparams.get("task") or "multiclass",
+        "thresholds": hparams.get("thresholds"),
     }

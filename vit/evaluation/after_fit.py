@@ -126,9 +126,8 @@ def test_after_fit(
 ) -> str | None:
     """The chosen checkpoint on the data's test split, once: it chose nothing (not the checkpoint, the temperature
     or a threshold). Accuracy, balanced accuracy and NLL (at the fitted temperature) are printed, written to `out`
-    (test_metrics.json) when given, and to TensorBoard under test/. None where the data has no test split."""
-    import json
-
+    (test_metrics.json) when given, and to TensorBoard under test/ (multi-label: mAP and F1 at the stored
+    thresholds). None where the data has no test split."""
     from vit.evaluation.calibration import logits_of
     from vit.model.checkpoint import load_checkpoint, model_of
 
@@ -138,6 +137,16 @@ def test_after_fit(
     ckpt = load_checkpoint(path)
     model, _ = model_of(ckpt, path)
     logits, targets = logits_of(model, whole_val_batches(dm, "test"), device)
+    if getattr(dm, "task", "multiclass") == "multilabel":
+        from vit.evaluation.multilabel import multilabel_scores
+
+        scores = multilabel_scores(logits.sigmoid(), targets, ckpt["multilabel"]["thresholds"])
+        metrics = {"checkpoint": str(path), "images": len(targets), **scores}
+        _write_test(metrics, out, tb, step, ("mAP", "f1_macro", "f1_micro"))
+        return (
+            f"test split ({len(targets)} images, scored once, used to choose nothing): mAP {scores['mAP']:.4f}, "
+            f"F1 macro {scores['f1_macro']:.4f}, micro {scores['f1_micro']:.4f}" + (f" -> {out}" if out else "")
+        )
     temperature = (ckpt.get("calibration") or {}).get("temperature", 1.0)
     pred = logits.argmax(-1)
     metrics = {
@@ -147,16 +156,66 @@ def test_after_fit(
         "acc_balanced": balanced_accuracy(pred, targets, dm.num_classes),
         "nll": float(torch.nn.functional.cross_entropy(logits / temperature, targets)),
     }
+    soft = getattr(dm, "soft_targets", {}).get("test")
+    if soft is not None:  # the labels were probabilities: the served probabilities against them
+        probs = probabilities(logits, temperature)
+        metrics["brier_soft"] = float((probs - soft).square().sum(-1).mean())
+        metrics["log_loss_soft"] = float(-(soft * probs.clamp(min=1e-12).log()).sum(-1).mean())
+    _write_test(metrics, out, tb, step, ("acc", "acc_balanced", "nll", "brier_soft", "log_loss_soft"))
+    return (
+        f"test split ({metrics['images']} images, scored once, used to choose nothing): accuracy {metrics['acc']:.4f}, "
+        f"balanced accuracy {metrics['acc_balanced']:.4f}" + (f" -> {out}" if out is not None else "")
+    )
+
+
+def _write_test(metrics: dict, out, tb: TensorBoardLogger | None, step: int, keys: tuple[str, ...]) -> None:
+    """test_metrics.json (when `out` is given) and the scalars under test/ in TensorBoard."""
+    import json
+
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(metrics, indent=1) + "\n")
     if tb is not None:
-        for key in ("acc", "acc_balanced", "nll"):
-            tb.experiment.add_scalar(f"test/{key}", metrics[key], step)
+        for key in keys:
+            if key in metrics:
+                tb.experiment.add_scalar(f"test/{key}", metrics[key], step)
+        tb.experiment.flush()
+
+
+def multilabel_after_fit(
+    paths: list[str], dm: ImageClassificationData, device: torch.device, tb: TensorBoardLogger | None, step: int
+) -> str:
+    """A multi-label model's per-label thresholds, chosen on the validation set (the best F1 of each label) and stored
+    in each checkpoint under "multilabel" (rewritten atomically); the line fit prints of the best one, beside the
+    per-label majority baseline. No temperature and no rejection record: both read a softmax over the classes."""
+    from vit.evaluation.calibration import logits_of
+    from vit.evaluation.multilabel import label_thresholds, majority_baseline, multilabel_scores
+    from vit.model.checkpoint import load_checkpoint, model_of
+    from vit.training.checkpoint_io import AtomicCheckpointIO
+
+    lines = {}
+    for path in dict.fromkeys(paths):
+        ckpt = load_checkpoint(path)
+        model, _ = model_of(ckpt, path)
+        logits, targets = logits_of(model, whole_val_batches(dm), device)
+        probs = logits.sigmoid()
+        thresholds = label_thresholds(probs, targets)
+        scores = multilabel_scores(probs, targets, thresholds)
+        ckpt["multilabel"] = {"thresholds": thresholds, "val": {k: scores[k] for k in ("mAP", "f1_macro", "f1_micro")}}
+        AtomicCheckpointIO().save_checkpoint(ckpt, path)
+        lines[path] = scores
+    best = lines[paths[0]]
+    counts = torch.tensor(dm.class_counts() or [0] * dm.num_classes, dtype=torch.float64)
+    train_n = len(dm.samples["train"]) if getattr(dm, "samples", None) else max(1, int(counts.max()))
+    base = majority_baseline(counts / max(1, train_n), targets)
+    if tb is not None:
+        for key in ("mAP", "f1_macro", "f1_micro"):
+            tb.experiment.add_scalar(f"eval/{key}", best[key], step)
         tb.experiment.flush()
     return (
-        f"test split ({metrics['images']} images, scored once, used to choose nothing): accuracy {metrics['acc']:.4f}, "
-        f"balanced accuracy {metrics['acc_balanced']:.4f}" + (f" -> {out}" if out is not None else "")
+        f"multi-label: a threshold per label chosen on the validation set (its best F1), kept for vit-predict; there: "
+        f"mAP {best['mAP']:.4f}, F1 macro {best['f1_macro']:.4f}, micro {best['f1_micro']:.4f} (per-label majority: "
+        f"mAP {base['mAP']:.4f}, F1 macro {base['f1_macro']:.4f}, micro {base['f1_micro']:.4f})"
     )
 
 

@@ -105,6 +105,19 @@ def field_problem(hparams: dict, cfg: ViTConfig) -> str | None:
     return None
 
 
+def thresholds_of(ckpt: dict, path, num_classes: int) -> list[float]:
+    """A multi-label model's per-label thresholds, chosen on the validation set after fit (vit/evaluation/
+    multilabel.py); 0.5 each for a checkpoint saved before that."""
+    thresholds = (ckpt.get("multilabel") or {}).get("thresholds", [0.5] * num_classes)
+    if not (
+        isinstance(thresholds, list)
+        and len(thresholds) == num_classes
+        and all(isinstance(t, (int, float)) and 0 <= t <= 1 for t in thresholds)
+    ):
+        raise CheckpointError(f"{path}: multilabel thresholds must be {num_classes} numbers in [0, 1]")
+    return [float(t) for t in thresholds]
+
+
 def load_model(path: str | Path) -> tuple[VisionTransformer, dict]:
     """The plain `VisionTransformer` of a training checkpoint, in eval mode, and its hyper-parameters, with the
     preprocessing facts at the top level: img_size, in_chans, mean, std, class_names."""
@@ -127,6 +140,8 @@ def model_of(ckpt: dict, path: str | Path) -> tuple[VisionTransformer, dict]:
     hparams = {**hparams, "img_size": cfg.img_size, "in_chans": cfg.in_chans, "arch": cfg.to_dict()}
     hparams["temperature"] = temperature_of(ckpt, path)
     hparams["unknown"] = unknown_of(ckpt, path, cfg)
+    if hparams.get("task") == "multilabel":
+        hparams["thresholds"] = thresholds_of(ckpt, path, cfg.num_classes)
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     try:
         model.load_state_dict(state)

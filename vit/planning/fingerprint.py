@@ -33,6 +33,8 @@ class Fingerprint:
     decode_s: float  # measured seconds to decode the whole set once at start (threads); 0: held as arrays, streamed
     in_chans: int = 3  # channels the model trains on (1: a grayscale torchvision set)
     turn_symmetry: float = 0.0  # the same for a quarter turn: see TURN_SYMMETRY in plan.py
+    task: str = "multiclass"  # "multilabel": several labels an image; class_counts are then per label
+    soft_labels: bool = False  # the labels are class probabilities (a labels file's probability column)
 
     @property
     def num_classes(self) -> int:
@@ -83,6 +85,8 @@ def fingerprint(
         turn_symmetry=mirror_symmetry(images, labels, turn=True),
         decode_s=per_image * (src.n_train + src.n_val) if src.decodes else 0.0,
         in_chans=src.in_chans,
+        task=src.task,
+        soft_labels=src.soft_labels,
     )
 
 

@@ -335,7 +335,9 @@ class Planner:
             # attention maps five times a run: they cost a forward and a backward each time
             "attention_maps.every_n_epochs": max(1, self.epochs // 5),
         }
-        if self.fp.balance < LONG_TAIL_BALANCE:
+        if self.fp.task == "multilabel":  # no accuracy and no softmax prior: the ranking of each label's scores
+            overrides["checkpoint.monitor"] = "val/mAP"
+        elif self.fp.balance < LONG_TAIL_BALANCE:
             overrides["model.posthoc_logit_adjust"] = True
             overrides["checkpoint.monitor"] = "val/acc_balanced"
         return overrides
@@ -369,7 +371,10 @@ class Planner:
             ("augmentation", augmentation, f"for {fp.n_train} images"),
             ("regularisation", f"label smoothing {LABEL_SMOOTHING}, drop path {self.drop_path}, wd {WEIGHT_DECAY}", ""),
         ]  # fmt: skip
-        if fp.balance < LONG_TAIL_BALANCE:
+        if fp.task == "multilabel":
+            rows.append(("labels", "several an image: a sigmoid each, best checkpoint by val/mAP, a threshold per "
+                         "label chosen on val", f"label balance {fp.balance:.2f} (images per label)"))  # fmt: skip
+        elif fp.balance < LONG_TAIL_BALANCE:
             rule = "best checkpoint by val/acc_balanced, then post-hoc logit adjustment (tau chosen on val)"
             rows.append(("long tail", rule, f"class balance {fp.balance:.2f} < {LONG_TAIL_BALANCE} (docs/recipes.md)"))
         if self.patch_drop:

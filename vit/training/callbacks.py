@@ -25,7 +25,7 @@ def plain_data_config(data, cwd=None) -> dict | None:
         return None
     data = data.as_dict() if hasattr(data, "as_dict") else dict(data)
     args = dict(data.get("init_args") or {})
-    for key in ("root", "input_dir"):
+    for key in ("root", "input_dir", "labels"):
         value = args.get(key)
         if isinstance(value, str) and "://" not in value and Path(cwd or os.getcwd(), value).exists():
             args[key] = str(Path(cwd or os.getcwd(), value).resolve())

@@ -5,11 +5,9 @@ the model and preprocess an image (architecture, class names, image size, mean, 
 checkpoint's `hyper_parameters`, so checkpoints load with `torch.load(weights_only=True)`.
 """
 
-import random
 from typing import Literal
 
 import lightning as L
-import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -25,8 +23,10 @@ from vit.model.pretrained import find_pretrained, load_pretrained
 from vit.model.vision_transformer import VisionTransformer
 from vit.training.arguments import check_arguments
 from vit.training.metrics import ConfusionCounts, TopKAccuracy
+from vit.training.multilabel import multilabel_loss, multilabel_metrics
 from vit.training.nonfinite import NonFiniteGuard, supports_found_inf
 from vit.training.optim import MuonWithAdamW, split_for_muon
+from vit.training.rng import restore_rng_states, rng_states
 from vit.training.schedules import layer_id, lr_factor, schedule_warmup, train_side
 
 
@@ -75,6 +75,8 @@ class ViTClassifier(L.LightningModule):
             the saved checkpoints' head bias (vit/evaluation/logit_adjustment.py): the best balanced accuracy for a
             model trained on a skewed prior. The planner sets it on long-tailed folders.
         class_names, mean, std: linked from the DataModule by `train.py`; saved for predict.
+        task: linked from the DataModule: "multiclass" (one label an image, softmax), or "multilabel" (several: a
+            sigmoid per label, binary cross-entropy, val/mAP and F1; vit/training/multilabel.py).
     """
 
     def __init__(
@@ -104,6 +106,7 @@ class ViTClassifier(L.LightningModule):
         logit_adjust_tau: float = 0.0,
         posthoc_logit_adjust: bool = False,
         class_names: list[str] | None = None,
+        task: Literal["multiclass", "multilabel"] = "multiclass",
         mean: tuple[float, ...] = (0.5, 0.5, 0.5),
         std: tuple[float, ...] = (0.5, 0.5, 0.5),
     ):
@@ -151,6 +154,8 @@ class ViTClassifier(L.LightningModule):
             )
             self.soft_ce = SoftTargetCrossEntropy()
         self._add_metrics(num_classes)
+        if task == "multilabel":
+            self.val_multi, self.test_multi = multilabel_metrics(num_classes), multilabel_metrics(num_classes)
         self._guard, self._guard_on_device, self._skipped = NonFiniteGuard(), False, 0
         self._grad_norm: torch.Tensor | None = None  # () of this step's gradients, set in on_before_optimizer_step
         self._frozen: list[torch.nn.Parameter] = []  # backbone parameters whose gradients a DDP step drops
@@ -188,10 +193,13 @@ class ViTClassifier(L.LightningModule):
         if side is not None and side != x.shape[-1]:  # progressive resizing: (B, C, H, W) -> (B, C, side, side)
             x = F.interpolate(x, size=(side, side), mode="bilinear", antialias=True, align_corners=False)
         prior = self._log_prior if self._log_prior is not None else 0.0  # (C,) logit adjustment, or none
-        soft = y.is_floating_point()  # (B, C) class probabilities (soft labels), else (B,) class indices
+        soft = y.is_floating_point()  # (B, C) class probabilities (soft labels) or labels (multi-label), else (B,)
+        multi = self.hparams.get("task") == "multilabel"
         if self.mixup is not None and len(x) % 2 == 0:  # timm's Mixup pairs images: it needs an even batch
             x, y_soft = mix_soft(self.mixup, x, y) if soft else self.mixup(x, y)
-            loss = self.soft_ce(self(x) + prior, y_soft)
+            loss = multilabel_loss(self(x), y_soft) if multi else self.soft_ce(self(x) + prior, y_soft)
+        elif multi:
+            loss = multilabel_loss(self(x), y)
         else:
             logits = self(x)
             # cross_entropy takes class indices or probabilities alike (label smoothing applies to both)
@@ -302,17 +310,7 @@ class ViTClassifier(L.LightningModule):
             # The weights are in the state dict: reloading must not read the original file (it may have moved).
             checkpoint["hyper_parameters"] = {**hp, "init_from": None}
             checkpoint["init_from"] = str(hp["init_from"])  # where they came from, for the record
-        # RNG states as plain data (tensors, lists, ints): resuming continues the exact random stream (dropout,
-        # drop-path, Mixup) and the file still loads with weights_only=True.
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        version, state, gauss = random.getstate()
-        checkpoint["rng_states"] = {
-            "torch": torch.get_rng_state(),
-            "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
-            "python": [version, list(state), gauss],
-        }
-        if torch.cuda.is_available() and torch.cuda.is_initialized():  # dropout, DropPath, PatchDropout on a GPU
-            checkpoint["rng_states"]["cuda"] = torch.cuda.get_rng_state_all()
+        checkpoint["rng_states"] = rng_states()  # resuming continues the exact random stream (vit/training/rng.py)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # Applied in on_train_start: the sanity-check validation in between must not shift the random stream.
@@ -341,18 +339,17 @@ class ViTClassifier(L.LightningModule):
             loader.load_state_dict(loader_state[0])  # the in-memory path resumes mid-epoch at the right batch
         rng, self._rng_to_restore = getattr(self, "_rng_to_restore", None), None
         if rng:
-            torch.set_rng_state(rng["torch"])
-            kind, keys, pos, has_gauss, cached = rng["numpy"]
-            np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-            version, state, gauss = rng["python"]
-            random.setstate((version, tuple(state), gauss))
-            cuda = rng.get("cuda")
-            if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-                torch.cuda.set_rng_state_all(cuda)
+            restore_rng_states(rng)
 
     def _eval_step(self, batch, stage: str) -> None:
         x, y = batch
         logits = self(x)
+        if self.hparams.get("task") == "multilabel":  # (B, C) 0/1 targets: mAP and F1 instead of accuracy
+            scores = self.val_multi if stage == "val" else self.test_multi
+            scores.update(logits, y.long())
+            self.log(f"{stage}/loss", multilabel_loss(logits, y), prog_bar=True, sync_dist=True)
+            self.log_dict({f"{stage}/{k}": m for k, m in scores.items()}, prog_bar=False)
+            return
         acc, acc5 = (self.val_acc, self.val_acc5) if stage == "val" else (self.test_acc, self.test_acc5)
         acc.update(logits, y)
         acc5.update(logits, y)
@@ -370,6 +367,8 @@ class ViTClassifier(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         """The mean recall over classes (what accuracy hides on an imbalanced folder) and macro F1, from the epoch's
         confusion counts (summed over ranks by torchmetrics)."""
+        if self.hparams.get("task") == "multilabel":
+            return
         if self.val_counts.update_called:
             balanced, f1 = self.val_counts.compute()
             self.log("val/acc_balanced", balanced)
