@@ -101,7 +101,14 @@ def multilabel_run(tmp_path_factory):
     _labels_file(root)
     printed = StringIO()
     quick = ["--trainer.max_epochs", "3", "--data.init_args.num_workers", "0", "--model.arch.depth", "1"]
-    quick += ["--trainer.enable_progress_bar", "false", "--data.label_delimiter", " "]
+    quick += [
+        "--trainer.enable_progress_bar",
+        "false",
+        "--data.label_delimiter",
+        " ",
+        "--attention_maps.every_n_epochs",
+        "3",
+    ]
     with redirect_stdout(printed):
         cli = fit_in(root, ["fit", "--data.root", ".", "--data.labels", "labels.csv", *quick])
     ckpt = Path(cli.trainer.checkpoint_callback.best_model_path)
@@ -119,7 +126,12 @@ def test_fit_chooses_by_map_stores_thresholds_and_scores_the_test_split(multilab
     assert len(ckpt["multilabel"]["thresholds"]) == 3 and "calibration" not in ckpt and "unknown" not in ckpt
     _, hparams = load_model(run.ckpt)
     assert hparams["task"] == "multilabel" and hparams["thresholds"] == ckpt["multilabel"]["thresholds"]
-    metrics = json.loads((run.root / "logs" / "folder" / "version_0" / "test_metrics.json").read_text())
+    logs = run.root / "logs" / "folder" / "version_0"
+    metrics = json.loads((logs / "test_metrics.json").read_text())
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = EventAccumulator(str(logs)).Reload().Tags()
+    assert "attention/relevance" in tags["images"] and "val/mAP" in tags["scalars"]  # maps of multi-label images
     assert metrics["images"] == 9 and 0 <= metrics["mAP"] <= 1 and len(metrics["per_label"]["ap"]) == 3
 
 

@@ -251,6 +251,8 @@ class ViTCLI(LightningCLI):
 
         if not isinstance(self.datamodule, ImageFolderDataModule):
             sys.exit("error: --find_label_issues true needs a folder of images (--data.root PATH)")
+        if self.datamodule.task == "multilabel":
+            sys.exit("error: --find_label_issues true ranks one label an image; not for multi-label data")
         folder = logger.log_dir if logger else (self.trainer.checkpoint_callbacks or [None])[0]
         folder = getattr(folder, "dirpath", folder)
         if folder is None:

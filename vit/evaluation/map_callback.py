@@ -130,8 +130,11 @@ class AttentionMapCallback(L.Callback):
                 n += len(xs[-1])
                 if n >= want:
                     break
-            keep = torch.cat(ys) != IGNORE  # DDP padding of the in-memory path is no image to show
-            self._all_images, self._labels = torch.cat(xs)[keep], torch.cat(ys)[keep]
+            labels = torch.cat(ys)
+            if labels.ndim == 2:  # multi-label (N, C) 0/1: the "true class" map is of the image's first label
+                labels = torch.where((labels == IGNORE).any(-1), IGNORE, labels.argmax(-1))
+            keep = labels != IGNORE  # DDP padding of the in-memory path is no image to show
+            self._all_images, self._labels = torch.cat(xs)[keep], labels[keep]
             self._images = self._all_images[: self.num_images]
         return self._images
 
