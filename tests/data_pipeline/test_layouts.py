@@ -299,3 +299,24 @@ def test_fit_on_soft_labels_prints_brier_and_log_loss_against_them(in_tmp, capsy
     cli = train.main(["fit", "--data.root", ".", "--data.labels", "labels.csv", *quick])
     assert cli.datamodule.soft_labels
     assert "against the validation images' label probabilities: Brier" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (lambda r: _csv(r / "labels.csv", "path,label\nnope.png,a\n"), r"labels.csv: no usable training row"),
+        (lambda r: (_layout(r / "imgs", {"train": 2, "test": 2}), _images(r / "imgs" / "cat", 2, 0)), r"beside other"),
+    ],
+    ids=["labels-file", "layout"],
+)
+def test_bad_data_stops_fit_in_one_line_before_anything_is_written(in_tmp, make, says):
+    import train
+
+    (in_tmp / "imgs").mkdir()
+    make(in_tmp)
+    labels = ["--data.labels", "labels.csv"] if (in_tmp / "labels.csv").exists() else []
+    with pytest.raises(SystemExit) as e:
+        train.main(["fit", "--data.root", "imgs", *labels])
+    assert str(e.value.code).startswith("error: ") and "\n" not in str(e.value.code)
+    assert re.search(says, str(e.value.code))
+    assert not (in_tmp / "logs").exists() and not (in_tmp / "checkpoints").exists()
