@@ -214,9 +214,34 @@ def test_image_folder_mean_std_measured_on_its_training_images(tmp_path):
     dm = ImageFolderDataModule(str(tmp_path), img_size=16, num_workers=0)
     x = dm.memory["train"][0].float() / 255
     assert dm.mean == tuple(round(v, 4) for v in x.mean(dim=(0, 2, 3)).tolist())
-    assert dm.mean[0] == dm.mean[1] == dm.mean[2]  # grayscale files: equal channels, not ImageNet's
+    assert dm.in_chans == 1 and len(dm.mean) == 1  # grayscale files: one channel, its own statistics, not ImageNet's
     given = ImageFolderDataModule(str(tmp_path), img_size=16, num_workers=0, mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2))
-    assert given.mean == (0.5, 0.5, 0.5) and given.std == (0.2, 0.2, 0.2)
+    assert given.mean == pytest.approx((0.5,)) and given.std == pytest.approx((0.2,))  # RGB statistics: their average
+    rgb = ImageFolderDataModule(str(tmp_path), img_size=16, num_workers=0, in_chans=3)
+    assert rgb.memory["train"][0].shape[1] == 3 and rgb.mean[0] == rgb.mean[1] == rgb.mean[2]
+
+
+def test_a_grey_folder_trains_one_channel_in_memory_and_streaming_and_a_colour_image_keeps_three(tmp_path):
+    """Grey however stored (L, 16-bit, RGB files with equal channels): 1 channel on both paths, the same tensors;
+    one colour image among them: 3."""
+    from vit.data.sources import folder_source
+    from vit.planning.fingerprint import fingerprint
+
+    for c, mode in (("a", "L"), ("b", "I;16")):
+        _write_images(tmp_path / c, 6, mode, (20, 20), ord(c))
+    Image.open(next((tmp_path / "a").iterdir())).convert("RGB").save(tmp_path / "a" / "rgb_copy.png")
+    mem = ImageFolderDataModule(str(tmp_path), img_size=16, num_workers=0)
+    streamed = ImageFolderDataModule(str(tmp_path), img_size=16, num_workers=0, in_memory=False)
+    assert mem.in_chans == streamed.in_chans == 1 and mem.memory["train"][0].shape[1:] == (1, 16, 16)
+    mem.setup("fit"), streamed.setup("fit")
+    a = torch.stack([mem.val_set[i][0] for i in range(len(mem.val_set))])
+    b = torch.stack([streamed.val_set[i][0] for i in range(len(streamed.val_set))])
+    assert a.shape[1] == 1
+    torch.testing.assert_close(a, b)
+    assert fingerprint(folder_source(tmp_path)).in_chans == 1  # the planner times a 1-channel model
+    _write_images(tmp_path / "a", 1, "RGB", (20, 20), 99)
+    assert ImageFolderDataModule(str(tmp_path), img_size=16, num_workers=0).in_chans == 3
+    assert fingerprint(folder_source(tmp_path)).in_chans == 3
 
 
 def test_image_folder_errors_name_the_path(tmp_path):

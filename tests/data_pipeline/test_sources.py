@@ -50,7 +50,7 @@ def test_a_torchvision_dataset_and_the_same_images_as_a_folder_get_one_fingerpri
     assert same_facts(from_dataset, from_folder) == {}
     assert from_dataset.n_train == 40 and from_dataset.n_val == 10 and from_dataset.class_counts == [4] * 10
     assert from_dataset.grayscale == 1.0 and from_dataset.median_side == 28
-    assert from_dataset.in_chans == 1 and from_folder.in_chans == 3  # what each DataModule trains on
+    assert from_dataset.in_chans == from_folder.in_chans == 1  # what each DataModule trains on: grey, 1 channel
     assert from_dataset.decode_s == 0.0 and from_folder.decode_s > 0  # MNIST is held as arrays; files are decoded
     for budget in (None, 300.0, 4 * 3600.0):
         plans = [

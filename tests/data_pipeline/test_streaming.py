@@ -131,6 +131,6 @@ def test_optimize_reads_the_folder_as_the_other_readers_do(tmp_path):
     # and the same training statistics as the folder's DataModule at the same size (one channel_mean_std)
     from vit.data.folder import ImageFolderDataModule
 
-    dm = ImageFolderDataModule(str(tmp_path / "imgs"), img_size=64, num_workers=0)
+    dm = ImageFolderDataModule(str(tmp_path / "imgs"), img_size=64, num_workers=0, in_chans=3)  # chunks are RGB
     dm.setup("fit")
     assert (list(dm.mean), list(dm.std)) == (meta["mean"], meta["std"])

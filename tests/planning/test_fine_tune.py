@@ -50,7 +50,9 @@ def test_a_folder_fine_tunes_the_weights_model_without_spelling_it(digits_folder
     assert (arch["embed_dim"], arch["depth"], arch["num_heads"], arch["patch_size"]) == (96, 2, 2, 8)
     assert arch["global_pool"] == "token" and arch["qk_norm"] is False and arch["stem"] == "patch"
     assert arch["img_size"] == 32 and cli.datamodule.img_size == 32  # the weights' own resolution
-    assert cli.datamodule.mean == (0.4, 0.45, 0.5) and cli.model.hparams.mean == [0.4, 0.45, 0.5]
+    # a grey folder: one channel, the RGB weights' first layer summed and their mean averaged
+    assert arch["in_chans"] == 1 and cli.datamodule.mean == pytest.approx((0.45,))
+    assert cli.model.hparams.mean == pytest.approx([0.45])
     assert cli.model.model.head.out_features == 10
     last = next(in_tmp.glob("checkpoints/*/version_0/last.ckpt"))
     assert load_checkpoint(last)["hyper_parameters"]["init_from"] is None  # the checkpoint stands alone

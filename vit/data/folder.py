@@ -44,6 +44,11 @@ def decode_images(paths: list[str], img_size: int, workers: int | None = None) -
     return [img for img, _ in results], [(p, r) for p, (_, r) in zip(paths, results) if r is not None]
 
 
+def one_channel(img: torch.Tensor) -> bool:
+    """A decoded (3, H, W) image whose three channels are equal: a grey image, however its file stored it."""
+    return bool(torch.equal(img[0], img[1]) and torch.equal(img[1], img[2]))
+
+
 def stack_releasing(images: list[torch.Tensor]) -> torch.Tensor:
     """torch.stack of equal-shaped tensors, dropping each from the list once copied: the peak is the stack and one
     image, not two copies of the whole set."""
@@ -67,9 +72,9 @@ def default_memory_budget_gb() -> float:
 class FileImageDataset(Dataset):
     """(path, target) pairs, each file decoded per item: the streaming path of a folder or a labels file."""
 
-    def __init__(self, samples: list[tuple[str, int]], transform, soft: torch.Tensor | None = None):
+    def __init__(self, samples: list[tuple[str, int]], transform, soft: torch.Tensor | None = None, in_chans: int = 3):
         # soft: (N, C) targets that replace the class index (probabilities, or a multi-label 0/1 vector), or None
-        self.samples, self.transform, self.soft = samples, transform, soft
+        self.samples, self.transform, self.soft, self.in_chans = samples, transform, soft, in_chans
         self.targets = [t for _, t in samples]
 
     def __len__(self) -> int:
@@ -77,14 +82,14 @@ class FileImageDataset(Dataset):
 
     def __getitem__(self, i: int):
         path, target = self.samples[i]
-        return self.transform(load_image(path)), (target if self.soft is None else self.soft[i])
+        return self.transform(load_image(path, self.in_chans)), (target if self.soft is None else self.soft[i])
 
 
 class ImageFolderDataModule(ImageClassificationData):
     """Your own images, in any layout vit/data/listing.py reads: `root/<class>/*`; split folders `root/train/<class>/*`
     with `val/` and/or `test/` beside it (timm's and Hugging Face's names); or any files under root named in a labels
     file (`labels`: CSV or TSV with a path and a label column, optional `split` and `group` columns). Any size and
-    mode (grayscale, RGBA, palette, 16-bit) is converted to RGB.
+    mode (grayscale, RGBA, palette, 16-bit) is read as RGB, or as grey where every training image is grey.
 
     Validation: given (a val folder, or `split` = val rows), or split off the training images, seeded by
     `split_seed`: `val_fraction` of each class (stratified), and with groups (the labels file's group column, or
@@ -108,6 +113,8 @@ class ImageFolderDataModule(ImageClassificationData):
         split_column, group_column: its optional split (train / val / test, and their synonyms) and group columns.
         group_by: a regular expression searched in each path relative to root: its first group (or the whole match)
             is the image's group (e.g. `"patient_(\\d+)"`), kept on one side of the validation split.
+        in_chans: 1 or 3 channels; None: 1 when every training image is grey (three equal channels once decoded,
+            whatever its file's mode), else 3. A grey folder trains a 1-channel model, and predict reads files as grey.
         mean, std: normalisation; None: measured on the training images (decoded ones, or 500 of them when streaming).
         in_memory: force the path (True: in memory even over the budget; False: stream); None: by the budget.
         random_erasing: Random Erasing probability per image (after Normalize, value 0).
@@ -143,6 +150,7 @@ class ImageFolderDataModule(ImageClassificationData):
         group_by: str | None = None,
         soft_labels: bool | None = None,
         label_delimiter: str | None = None,
+        in_chans: int | None = None,
     ):
         super().__init__(batch_size, num_workers, eval_batch_size=eval_batch_size)
         self.check_images, self.strict = check_images, strict
@@ -171,7 +179,9 @@ class ImageFolderDataModule(ImageClassificationData):
         self.soft_labels = bool(self.listing.soft) and soft_labels is not False
         # several labels an image: every target is a (C,) 0/1 vector, trained with a sigmoid per label
         self.task = "multilabel" if self.listing.multi else "multiclass"
-        self.num_classes, self.img_size, self.in_chans = len(self.class_names), img_size, 3
+        if in_chans not in (None, 1, 3):
+            raise ValueError(f"in_chans={in_chans} must be 1 or 3 (None: from the images)")
+        self.num_classes, self.img_size, self.in_chans = len(self.class_names), img_size, in_chans
         self.val_fraction, self.split_seed = val_fraction, split_seed
         self._decide_and_decode(in_memory, max_memory_gb)
         if mean is None or std is None:
@@ -234,6 +244,11 @@ class ImageFolderDataModule(ImageClassificationData):
                 images = [img for img in images if img is not None]
             else:
                 good, images = self._drop_bad(split, samples, []), []
+            if split == "train" and self.in_chans is None:
+                # grey data trains a 1-channel model: every decoded training image has three equal channels
+                self.in_chans = 1 if images and all(one_channel(img) for img in images) else 3
+            if self.in_chans == 1:
+                images = [img[:1] for img in images]  # (1, S, S) views: the stack copies them once
             kept[split] = (good, images if self.in_memory else [])
         path = "in-memory path (batched augmentation on the training device)" if self.in_memory else "streaming path"
         rank_zero_info(f"{self.root}: {self.listing.found}; {path}: {why}; decoded in {time.perf_counter() - t:.1f} s")
@@ -271,9 +286,8 @@ class ImageFolderDataModule(ImageClassificationData):
         else:
             paths = [p for p, _ in self.samples["train"]]
             pick = torch.randperm(len(paths), generator=torch.Generator().manual_seed(0))[:500].tolist()
-            x = torch.stack(
-                [img for img in decode_images([paths[i] for i in pick], self.img_size)[0] if img is not None]
-            )
+            decoded = decode_images([paths[i] for i in pick], self.img_size)[0]
+            x = torch.stack([img[: self.in_chans] for img in decoded if img is not None])
         mean, std = channel_mean_std(x)
         return tuple(round(v, 4) for v in mean.tolist()), tuple(round(v, 4) for v in std.tolist())
 
@@ -287,10 +301,9 @@ class ImageFolderDataModule(ImageClassificationData):
         else:
             multi = self.task == "multilabel"
             train_targets = self.targets_of(self.samples["train"]) if multi else self.soft_targets.get("train")
-            self.train_set = FileImageDataset(self.samples["train"], self.train_tf, train_targets)
-            self.val_set = FileImageDataset(
-                self.samples["val"], self.eval_tf, self.targets_of(self.samples["val"]) if multi else None
-            )
+            self.train_set = FileImageDataset(self.samples["train"], self.train_tf, train_targets, self.in_chans)
+            val_targets = self.targets_of(self.samples["val"]) if multi else None
+            self.val_set = FileImageDataset(self.samples["val"], self.eval_tf, val_targets, self.in_chans)
         if "test" in self.samples:
             self.test_set = (
                 TensorImageDataset(*self.memory["test"], to_normalized(self.mean, self.std))
@@ -299,6 +312,7 @@ class ImageFolderDataModule(ImageClassificationData):
                     self.samples["test"],
                     self.eval_tf,
                     self.targets_of(self.samples["test"]) if self.task == "multilabel" else None,
+                    self.in_chans,
                 )
             )
 

@@ -58,6 +58,7 @@ class DataSource:
     decodes: bool
     in_chans: int = 3
     task: str = "multiclass"  # "multilabel": several labels an image (class_counts: images carrying each label)
+    grey_to_one: bool = False  # in_chans 1 when the images are grey (a folder's rule: vit.data.folder.one_channel)
     soft_labels: bool = False  # the labels file gives each image's class probabilities
 
 
@@ -119,6 +120,7 @@ def folder_source(root: str | Path, val_fraction: float = 0.2, **listing) -> Dat
         decodes=True,
         task="multilabel" if listed.multi else "multiclass",
         soft_labels=bool(listed.soft),
+        grey_to_one=True,
     )
 
 

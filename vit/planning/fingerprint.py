@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from vit.data.folder import one_channel
 from vit.data.images import eval_geometry
 from vit.data.sources import DataSource, folder_source
 from vit.data.transforms import DataError
@@ -84,7 +85,8 @@ def fingerprint(
         mirror_symmetry=mirror_symmetry(images, labels),
         turn_symmetry=mirror_symmetry(images, labels, turn=True),
         decode_s=per_image * (src.n_train + src.n_val) if src.decodes else 0.0,
-        in_chans=src.in_chans,
+        # a folder of grey images trains a 1-channel model (the DataModule checks every image; this, the sample)
+        in_chans=1 if src.grey_to_one and all(im is None or one_channel(im) for im in images) else src.in_chans,
         task=src.task,
         soft_labels=src.soft_labels,
     )
