@@ -101,7 +101,7 @@ def test_fused_and_manual_paths_agree_and_maps_can_be_drawn(name):
     n = (cfg["img_size"] // 8) ** 2 + (cfg.get("global_pool") == "token")
     assert all(a.shape == (3, 4, n, n) for a in attns)
     torch.testing.assert_close(attns[0].sum(-1), torch.ones(3, 4, n))
-    mask = model.attn_mask_for(((cfg["img_size"] // 8),) * 2, x.device)
+    mask = model.attn_mask_for(((cfg["img_size"] // 8),) * 2, x.device, n)
     if mask is not None:
         assert (attns[0][:, :, ~mask] == 0).all()  # nothing leaks outside the pattern
 
@@ -295,3 +295,18 @@ def test_locality_self_attention_masks_the_diagonal_and_learns_its_temperature()
     assert attn.temperature.grad is not None and attn.temperature.grad != 0  # learned
     with pytest.raises(ValueError, match="nothing left to attend to"):
         ViTConfig(img_size=8, patch_size=8, lsa=True)
+
+
+def test_lsa_with_patch_dropout_trains_each_kept_token_hidden_from_itself():
+    """Patch dropout keeps a random subset of the tokens; LSA's mask is then of the kept tokens (its diagonal), not of
+    the whole grid (which raised a size mismatch on the first training step)."""
+    from vit.evaluation.attention_maps import capture_attention
+
+    model = VisionTransformer(**{**SMALL, "stem": "spt", "lsa": True, "patch_drop_rate": 0.5}).train()
+    x = torch.randn(3, 3, SMALL["img_size"], SMALL["img_size"])
+    model(x).sum().backward()  # the first training step
+    kept = model.patch_drop(torch.zeros(1, (SMALL["img_size"] // 8) ** 2, 4)).shape[1]
+    mask = model.attn_mask_for((SMALL["img_size"] // 8,) * 2, x.device, kept)
+    assert mask.shape == (kept, kept) and not mask.diagonal().any() and mask.sum() == kept * (kept - 1)
+    attns, _ = capture_attention(model.eval(), x)  # evaluation: every token, the grid's mask
+    assert all(torch.equal(a.diagonal(dim1=-2, dim2=-1), torch.zeros_like(a.diagonal(dim1=-2, dim2=-1))) for a in attns)

@@ -349,11 +349,17 @@ class VisionTransformer(nn.Module):
             )
         return self._masks[key]
 
-    def attn_mask_for(self, grid: tuple[int, int], device: torch.device) -> torch.Tensor | None:
+    def attn_mask_for(self, grid: tuple[int, int], device: torch.device, tokens: int) -> torch.Tensor | None:
         """The (T, T) attention mask of `attn_pattern` for a patch grid, without the diagonal under LSA (None for
-        global attention without LSA)."""
+        global attention without LSA). Global attention under LSA needs only the token count: the `tokens` that
+        PatchDropout kept are no longer the grid, and a token still must not attend to itself."""
         if self.attn_pattern[0] == "global" and not self.lsa:
             return None
+        if self.attn_pattern[0] == "global":
+            key = ("lsa", tokens, device)
+            if key not in self._masks:
+                self._masks[key] = ~torch.eye(tokens, dtype=torch.bool, device=device)
+            return self._masks[key]
         key = (grid, device)
         if key not in self._masks:
             mask = attention_pattern_mask(grid, *self.attn_pattern, self.num_prefix_tokens)
@@ -374,7 +380,7 @@ class VisionTransformer(nn.Module):
         x = self.pos_drop(x)
         if self.patch_drop is not None:
             x = self.patch_drop(x)
-        mask = self.attn_mask_for(grid, x.device)
+        mask = self.attn_mask_for(grid, x.device, x.shape[1])
         rope = self.rope_for(grid, x.device) if self.use_rope else None
         for blk in self.blocks:
             x = blk(x, mask, rope)
