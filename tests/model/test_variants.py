@@ -310,3 +310,15 @@ def test_lsa_with_patch_dropout_trains_each_kept_token_hidden_from_itself():
     assert mask.shape == (kept, kept) and not mask.diagonal().any() and mask.sum() == kept * (kept - 1)
     attns, _ = capture_attention(model.eval(), x)  # evaluation: every token, the grid's mask
     assert all(torch.equal(a.diagonal(dim1=-2, dim2=-1), torch.zeros_like(a.diagonal(dim1=-2, dim2=-1))) for a in attns)
+
+
+def test_rope_in_bfloat16_weights_runs_and_stays_close_to_float32():
+    """pos_embed rope2d with the whole model in bf16 (--trainer.precision bf16-true): the rotation tables follow q's
+    dtype (float32 tables promoted q and k: 'Expected query, key, and value to have the same dtype')."""
+    model = VisionTransformer(**{**SMALL, "pos_embed": "rope2d"}).eval()
+    x = torch.randn(2, 3, SMALL["img_size"], SMALL["img_size"])
+    with torch.no_grad():
+        ref = model(x)
+        out = model.to(torch.bfloat16)(x.to(torch.bfloat16))
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=0.1, rtol=0.1)

@@ -178,8 +178,9 @@ class Attention(nn.Module):
         q, k, v = self.qkv_heads(x)
         if rope is not None:
             p = N - rope[0].shape[0]
-            q = torch.cat([q[:, :, :p], apply_rope(q[:, :, p:], *rope)], dim=2)
-            k = torch.cat([k[:, :, :p], apply_rope(k[:, :, p:], *rope)], dim=2)
+            cos, sin = (t.to(q.dtype) for t in rope)  # float32 tables would promote bf16 q, k away from v's dtype
+            q = torch.cat([q[:, :, :p], apply_rope(q[:, :, p:], cos, sin)], dim=2)
+            k = torch.cat([k[:, :, :p], apply_rope(k[:, :, p:], cos, sin)], dim=2)
         gqa = self.num_kv_heads != self.num_heads
         scale = self.scale if self.temperature is None else 1.0
         if self.temperature is not None:  # SDPA's scale is a float: the learned one goes into q (a multiply)
