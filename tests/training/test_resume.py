@@ -227,3 +227,15 @@ def test_the_cuda_generator_is_saved_and_restored_for_an_exact_resume(monkeypatc
     monkeypatch.setattr(type(module), "trainer", property(lambda self: type("T", (), {"train_dataloader": None})()))
     module.on_train_start()
     assert len(restored) == 1 and torch.equal(restored[0][0], states[0])
+
+
+def test_resume_last_looks_where_the_run_wrote_under_default_root_dir(tmp_path):
+    """`--trainer.default_root_dir D` writes D/checkpoints/<run>/version_<n>/; `--ckpt_path last` finds them there
+    (it looked under ./checkpoints/ and stopped with 'no last*.ckpt')."""
+    quick = ["fit", "--config", str(ROOT / "configs" / "smoke.yaml"), "--trainer.enable_progress_bar", "false"]
+    quick += ["--trainer.default_root_dir", "runs", "--attention_maps.every_n_epochs", "100"]
+    fit_in(tmp_path, [*quick, "--trainer.max_epochs", "1"])
+    last = tmp_path / "runs" / "checkpoints" / "smoke" / "version_0" / "last.ckpt"
+    assert last.is_file() and not (tmp_path / "checkpoints").exists()
+    cli = fit_in(tmp_path, [*quick, "--trainer.max_epochs", "2", "--ckpt_path", "last"])
+    assert (tmp_path / cli.trainer.ckpt_path).resolve() == last.resolve() and cli.trainer.current_epoch == 2

@@ -285,12 +285,11 @@ class ViTCLI(LightningCLI):
         ckpt, logger = config.get("ckpt_path"), self.trainer.logger
         if not ckpt or logger is None:
             return
-        if ckpt == "last":
-            found = sorted(
-                Path("checkpoints", logger.name).glob("version_*/last*.ckpt"), key=lambda p: p.stat().st_mtime
-            )
+        if ckpt == "last":  # where this run writes its checkpoints: under --trainer.default_root_dir when given
+            runs = Path(self.trainer.default_root_dir, "checkpoints", logger.name)
+            found = sorted(runs.glob("version_*/last*.ckpt"), key=lambda p: p.stat().st_mtime)
             if not found:
-                sys.exit(f"error: --ckpt_path last: no last*.ckpt under checkpoints/{logger.name}/ to resume from")
+                sys.exit(f"error: --ckpt_path last: no last*.ckpt under {runs}/ to resume from")
             ckpt = str(found[-1])
             self.config_init[self.subcommand]["ckpt_path"] = ckpt
         match = re.fullmatch(r"version_(\d+)", Path(ckpt).parent.name)
