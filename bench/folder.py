@@ -30,7 +30,7 @@ import train  # noqa: E402
 from vit.data.folder import ImageFolderDataModule
 from vit.model.vision_transformer import VisionTransformer
 
-MODEL = dict(embed_dim=128, depth=4, num_heads=4, patch_size=4)  # the issue's small model at the images' own 28 px
+MODEL = dict(embed_dim=128, depth=4, num_heads=4, patch_size=4)  # a small model at the images' own 28 px
 
 
 class BareLoop:
@@ -40,7 +40,8 @@ class BareLoop:
         self.images, self.targets, self.batch_size = images, targets, batch_size
         self.mean = torch.tensor(mean)[:, None, None] * 255
         self.std = torch.tensor(std)[:, None, None] * 255
-        self.model = VisionTransformer(img_size=images.shape[-1], num_classes=int(targets.max()) + 1, **MODEL)
+        num_classes, in_chans = int(targets.max()) + 1, images.shape[1]  # a grey folder trains on 1 channel
+        self.model = VisionTransformer(img_size=images.shape[-1], num_classes=num_classes, in_chans=in_chans, **MODEL)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, weight_decay=0.05, fused=True)
         self.order, self.i = torch.randperm(len(images)), 0
 
