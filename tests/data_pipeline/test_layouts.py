@@ -274,6 +274,27 @@ def test_a_probability_per_image_trains_as_soft_targets_and_scores_against_the_t
     assert not hard_dm.soft_labels and next(iter(hard_dm.train_dataloader()))[1].dtype == torch.long
 
 
+def test_several_label_columns_are_a_distribution_or_flags_per_class(tmp_path):
+    files = _images(tmp_path, 6, 0)
+    dist = [(0.5, 0.25, 0.25), (0.0, 1.0, 0.0), (0.1, 0.1, 0.8)] * 2
+    rows = ["path,cat,dog,fox"] + [f"{f.name},{a},{b},{c}" for f, (a, b, c) in zip(files, dist)]
+    listing = list_data(tmp_path, labels=_csv(tmp_path / "p.csv", "\n".join(rows) + "\n"), label_column="cat,dog,fox")
+    assert listing.class_names == ["cat", "dog", "fox"]  # the columns' order, not sorted
+    assert listing.soft[str(files[0])] == (0.5, 0.25, 0.25) and "a distribution" in listing.found
+    assert [t for _, t in listing.splits["train"]] == [0, 1, 2] * 2  # the likeliest class
+    dm = ImageFolderDataModule(str(tmp_path), labels=str(tmp_path / "p.csv"), label_column="cat,dog,fox", img_size=12)
+    assert dm.soft_labels and dm.soft_targets["train"].shape[1] == 3
+    flags = [(1, 0, 1), (0, 1, 0), (1, 1, 0)] * 2  # several labels an image
+    rows = ["path,cat,dog,fox"] + [f"{f.name},{a},{b},{c}" for f, (a, b, c) in zip(files, flags)]
+    listing = list_data(tmp_path, labels=_csv(tmp_path / "f.csv", "\n".join(rows) + "\n"), label_column="cat,dog,fox")
+    assert listing.multi[str(files[0])] == (0, 2) and listing.multi[str(files[2])] == (0, 1) and not listing.soft
+    rows[3] = f"{files[2].name},0.5,0.2,0.2"
+    with pytest.raises(DataError, match=r"f.csv:4: '0.5,0.2,0.2' in columns \['cat', 'dog', 'fox'\] sums to 0.9"):
+        list_data(tmp_path, labels=_csv(tmp_path / "f.csv", "\n".join(rows) + "\n"), label_column="cat,dog,fox")
+    with pytest.raises(DataError, match=r"no column 'wolf' \(--data.label_column\)"):
+        list_data(tmp_path, labels=tmp_path / "f.csv", label_column="cat,wolf")
+
+
 def test_soft_targets_mix_as_timms_mixup_mixes_one_hot_targets():
     from timm.data import Mixup
 

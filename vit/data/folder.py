@@ -44,6 +44,16 @@ def decode_images(paths: list[str], img_size: int, workers: int | None = None) -
     return [img for img, _ in results], [(p, r) for p, (_, r) in zip(paths, results) if r is not None]
 
 
+def check_numbers(random_erasing: float, max_memory_gb: float | None, val_fraction: float) -> None:
+    """A ValueError naming the first argument out of its range."""
+    if not 0.0 <= random_erasing <= 1.0:
+        raise ValueError(f"random_erasing={random_erasing} must be a probability in [0, 1]")
+    if max_memory_gb is not None and max_memory_gb < 0:
+        raise ValueError(f"max_memory_gb={max_memory_gb} must be >= 0")
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction={val_fraction} must be in (0, 1)")
+
+
 def one_channel(img: torch.Tensor) -> bool:
     """A decoded (3, H, W) image whose three channels are equal: a grey image, however its file stored it."""
     return bool(torch.equal(img[0], img[1]) and torch.equal(img[1], img[2]))
@@ -153,15 +163,9 @@ class ImageFolderDataModule(ImageClassificationData):
         in_chans: int | None = None,
     ):
         super().__init__(batch_size, num_workers, eval_batch_size=eval_batch_size)
-        self.check_images, self.strict = check_images, strict
-        if not 0.0 <= random_erasing <= 1.0:
-            raise ValueError(f"random_erasing={random_erasing} must be a probability in [0, 1]")
         crop_scale = check_crop_scale(crop_scale)
-        if max_memory_gb is not None and max_memory_gb < 0:
-            raise ValueError(f"max_memory_gb={max_memory_gb} must be >= 0")
-        self.root = Path(root)
-        if not 0.0 < val_fraction < 1.0:
-            raise ValueError(f"val_fraction={val_fraction} must be in (0, 1)")
+        check_numbers(random_erasing=random_erasing, max_memory_gb=max_memory_gb, val_fraction=val_fraction)
+        self.check_images, self.strict, self.root = check_images, strict, Path(root)
         self.listing = list_data(
             self.root,
             labels=labels,
@@ -179,8 +183,8 @@ class ImageFolderDataModule(ImageClassificationData):
         self.soft_labels = bool(self.listing.soft) and soft_labels is not False
         # several labels an image: every target is a (C,) 0/1 vector, trained with a sigmoid per label
         self.task = "multilabel" if self.listing.multi else "multiclass"
-        if in_chans not in (None, 1, 3):
-            raise ValueError(f"in_chans={in_chans} must be 1 or 3 (None: from the images)")
+        if in_chans is not None and in_chans < 1:
+            raise ValueError(f"in_chans={in_chans} must be >= 1 (None: from the images)")
         self.num_classes, self.img_size, self.in_chans = len(self.class_names), img_size, in_chans
         self.val_fraction, self.split_seed = val_fraction, split_seed
         self._decide_and_decode(in_memory, max_memory_gb)

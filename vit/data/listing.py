@@ -187,7 +187,40 @@ def read_labels(
     split and group columns. A row with no path, a file that is not there, an empty label or a second row for the
     same path is one warning line naming the row, and skipped (strict: a DataError instead); a path given two labels,
     a split value not known, or a class only outside train stops the run. With `label_delimiter` the label column
-    holds a list ("crack finger", fastai's label_delim): several labels an image (Listing.multi)."""
+    holds a list ("crack finger", fastai's label_delim): several labels an image (Listing.multi). Several label
+    columns (`label_column` "a,b,c") hold a number per class: 0/1 flags (several labels an image) or probabilities
+    that sum to 1 (a distribution: soft targets), the columns naming the classes."""
+    header, rows = _read_table(src)
+    path_col = _column(header, path_column, PATH_COLUMNS, "path", "--data.path_column", src)
+    names = [c.strip() for c in label_column.split(",")] if label_column and "," in label_column else [label_column]
+    label_cols = [_column(header, c, LABEL_COLUMNS, "label", "--data.label_column", src) for c in names]
+    split_col = split_column if split_column in header else None
+    group_col = group_column if group_column in header else None
+    kept, problems = _check_rows(root, src, rows, path_col, label_cols, split_col, group_col)
+    if problems:
+        listing = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        if strict:
+            raise DataError(f"{src}: {len(problems)} bad row(s) and strict=true: {listing}")
+        for p in problems:
+            log.warning(f"skipping {p}")
+    if not any(row.split == "train" for row in kept):
+        raise DataError(f"{src}: no usable training row ({len(rows)} rows, {len(problems)} skipped)")
+    if len(label_cols) > 1:
+        return _columns_listing(src, kept, label_cols)
+    return _label_listing(src, kept, label_cols[0], label_delimiter)
+
+
+@dataclass
+class _Row:
+    path: str
+    label: str  # one label column's value, or several columns' values joined by ","
+    split: str
+    group: str | None
+    where: str  # file:line, for errors
+
+
+def _read_table(src: Path) -> tuple[list[str], list[dict]]:
+    """(header, rows) of a CSV, or a TSV by its suffix (.tsv, .tab)."""
     if not src.is_file():
         raise DataError(f"data.labels={str(src)!r}: no such file")
     delimiter = "\t" if src.suffix.lower() in (".tsv", ".tab") else ","
@@ -197,25 +230,27 @@ def read_labels(
         if not header:
             raise DataError(f"{src}: empty file (expected a header row: path,label)")
         reader.fieldnames = header
-        rows = list(reader)
-    path_col = _column(header, path_column, PATH_COLUMNS, "path", "--data.path_column", src)
-    label_col = _column(header, label_column, LABEL_COLUMNS, "label", "--data.label_column", src)
-    has_split, has_group = split_column in header, group_column in header
+        return header, list(reader)
 
+
+def _check_rows(root, src, rows, path_col, label_cols, split_col, group_col) -> tuple[list[_Row], list[str]]:
+    """The usable rows, and a line naming each row skipped (no path, empty label, duplicate, no such file)."""
     problems: list[str] = []
     seen: dict[str, tuple[int, str]] = {}  # path -> (line, label)
-    kept: list[tuple[str, str, str, str | None]] = []  # (path, label, split, group)
+    kept: list[_Row] = []
     for line, row in enumerate(rows, start=2):  # line 1 is the header
         where = f"{src}:{line}"
-        rel, label = (row.get(path_col) or "").strip(), (row.get(label_col) or "").strip()
+        rel = (row.get(path_col) or "").strip()
+        cells = [(row.get(c) or "").strip() for c in label_cols]
         if not rel:
             problems.append(f"{where}: no path in column {path_col!r}")
             continue
         path = Path(rel) if Path(rel).is_absolute() else root / rel
-        if not label:
-            problems.append(f"{where}: {rel}: empty label in column {label_col!r}")
+        if not all(cells):
+            empty = next(c for c, v in zip(label_cols, cells) if not v)
+            problems.append(f"{where}: {rel}: empty label in column {empty!r}")
             continue
-        key = str(path)
+        key, label = str(path), ",".join(cells)
         if key in seen:
             first, first_label = seen[key]
             if first_label != label:
@@ -226,58 +261,99 @@ def read_labels(
             problems.append(f"{where}: {rel}: " + ("not a file" if path.exists() else f"no such file under {root}"))
             continue
         split = "train"
-        if has_split and (value := (row.get(split_column) or "").strip()):
+        if split_col and (value := (row.get(split_col) or "").strip()):
             split = _split_of(value)
             if split is None:
                 known = sorted({n for names in SPLIT_NAMES.values() for n in names})
                 raise DataError(f"{where}: split {value!r} is none of {known}")
-        group = (row.get(group_column) or "").strip() or None if has_group else None
+        group = ((row.get(group_col) or "").strip() or None) if group_col else None
         seen[key] = (line, label)
-        kept.append((key, label, split, group))
-    if problems:
-        listing = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-        if strict:
-            raise DataError(f"{src}: {len(problems)} bad row(s) and strict=true: {listing}")
-        for p in problems:
-            log.warning(f"skipping {p}")
-    if not any(s == "train" for _, _, s, _ in kept):
-        raise DataError(f"{src}: no usable training row ({len(rows)} rows, {len(problems)} skipped)")
-    probabilities = _probabilities([label for _, label, _, _ in kept]) if label_delimiter is None else None
+        kept.append(_Row(key, label, split, group, where))
+    return kept, problems
+
+
+def _label_listing(src: Path, kept: list[_Row], label_col: str, label_delimiter: str | None) -> Listing:
+    """One label column: a class name, a probability (soft targets, classes "0" and "1"), or a delimited list."""
+    probabilities = _probabilities([r.label for r in kept]) if label_delimiter is None else None
     soft = {}
     if probabilities is not None:  # one probability per image: the positive class's, thresholded at 0.5 for the label
-        soft = {path: (1.0 - p, p) for (path, *_), p in zip(kept, probabilities)}
-        kept = [(path, str(int(p >= 0.5)), split, g) for (path, _, split, g), p in zip(kept, probabilities)]
-    names_of = lambda label: [v.strip() for v in label.split(label_delimiter) if v.strip()]  # noqa: E731
-    if label_delimiter is not None:  # several labels an image: every name in the list is a class
-        classes = sorted({n for _, label, s, _ in kept if s == "train" for n in names_of(label)})
-        outside = sorted({n for _, label, s, _ in kept if s != "train" for n in names_of(label)} - set(classes))
-    else:
-        classes = sorted({label for _, label, s, _ in kept if s == "train"})
-        outside = sorted({label for _, label, s, _ in kept if s != "train"} - set(classes))
+        soft = {r.path: (1.0 - p, p) for r, p in zip(kept, probabilities)}
+        for r, p in zip(kept, probabilities):
+            r.label = str(int(p >= 0.5))
+    if label_delimiter is None:
+        labels = {r.path: [r.label] for r in kept}
+    else:  # several labels an image: every name in the list is a class
+        labels = {r.path: [v.strip() for v in r.label.split(label_delimiter) if v.strip()] for r in kept}
+        if empty := next((r for r in kept if not labels[r.path]), None):
+            raise DataError(f"{empty.where}: {empty.label!r} holds no label between {label_delimiter!r}")
+    classes = sorted({n for r in kept if r.split == "train" for n in labels[r.path]})
+    outside = sorted({n for r in kept if r.split != "train" for n in labels[r.path]} - set(classes))
     if outside:
         raise DataError(f"{src}: classes {outside} appear in val/test rows but in no training row")
     to_idx = {c: i for i, c in enumerate(classes)}
-    splits: dict[str, list[tuple[str, int]]] = {}
-    multi: dict[str, tuple[int, ...]] = {}
-    for path, label, split, _ in kept:
-        if label_delimiter is not None:
-            multi[path] = tuple(sorted({to_idx[n] for n in names_of(label)}))
-            # the class index a split or a plot needs: the image's rarest label (listed after the loop)
-        splits.setdefault(split, []).append((path, to_idx[label] if label_delimiter is None else -1))
+    indices = {p: tuple(sorted({to_idx[n] for n in names})) for p, names in labels.items()}
+    listing = _listing(src, kept, classes, indices, soft, multi=label_delimiter is not None)
+    if soft:
+        listing.found += f"; column {label_col!r} holds probabilities: soft targets, classes 0 / 1 at p >= 0.5"
+    if label_delimiter is not None:
+        listing.found += f"; {label_delimiter!r}-separated labels: multi-label, {len(classes)} labels"
+    return listing
+
+
+def _columns_listing(src: Path, kept: list[_Row], label_cols: list[str]) -> Listing:
+    """A number per class in its own column (the columns name the classes, in their order): 0/1 flags that are not
+    all one-hot are several labels an image; rows that each sum to 1 are a distribution (soft targets when some
+    value lies strictly between 0 and 1; one-hot rows are plain class labels)."""
+    values = {}
+    for r in kept:
+        try:
+            values[r.path] = [float(v) for v in r.label.split(",")]
+        except ValueError:
+            raise DataError(f"{r.where}: {r.label!r} in columns {label_cols}: expected a number per column") from None
+        if any(not 0.0 <= v <= 1.0 for v in values[r.path]):
+            raise DataError(f"{r.where}: {r.label!r} in columns {label_cols}: values must lie in [0, 1]")
+    flags = all(v in (0.0, 1.0) for vs in values.values() for v in vs)
+    sums_to_one = all(abs(sum(vs) - 1.0) < 1e-3 for vs in values.values())
+    if flags and not sums_to_one:  # several labels an image
+        indices = {p: tuple(c for c, v in enumerate(vs) if v) for p, vs in values.items()}
+        for r in kept:
+            if not indices[r.path]:
+                raise DataError(f"{r.where}: no label set in columns {label_cols}")
+        listing = _listing(src, kept, label_cols, indices, {}, multi=True)
+        listing.found += f"; 0/1 columns {label_cols}: multi-label"
+        return listing
+    if not sums_to_one:  # the first row that is neither 0/1 flags nor a distribution, else the first fraction
+        is_flags = lambda r: all(v in (0.0, 1.0) for v in values[r.path])  # noqa: E731
+        bad = next((r for r in kept if not is_flags(r) and abs(sum(values[r.path]) - 1.0) >= 1e-3), None)
+        bad = bad or next(r for r in kept if not is_flags(r))
+        raise DataError(
+            f"{bad.where}: {bad.label!r} in columns {label_cols} sums to {sum(values[bad.path]):g}: give 0/1 flags "
+            "(several labels an image) or probabilities that sum to 1 in every row"
+        )
+    indices = {p: (max(range(len(vs)), key=vs.__getitem__),) for p, vs in values.items()}  # the likeliest class
+    soft = {} if flags else {p: tuple(vs) for p, vs in values.items()}
+    listing = _listing(src, kept, label_cols, indices, soft, multi=False)
+    listing.found += f"; columns {label_cols}: " + ("one-hot classes" if flags else "a distribution: soft targets")
+    return listing
+
+
+def _listing(src, kept: list[_Row], classes, indices: dict, soft: dict, multi: bool) -> Listing:
+    """The Listing of checked rows whose class indices are known (several for multi-label: the split and the plots
+    take each image's rarest label)."""
     if multi:
         counts = [0] * len(classes)
-        for labels in multi.values():
+        for labels in indices.values():
             for c in labels:
                 counts[c] += 1
-        rarest = lambda p: min(multi[p], key=lambda c: (counts[c], c))  # noqa: E731
-        splits = {s: [(p, rarest(p)) for p, _ in items] for s, items in splits.items()}
-    groups = {path: group for path, _, _, group in kept if group is not None}
+        index = {p: min(labels, key=lambda c: (counts[c], c)) for p, labels in indices.items()}
+    else:
+        index = {p: labels[0] for p, labels in indices.items()}
+    splits: dict[str, list[tuple[str, int]]] = {}
+    for r in kept:
+        splits.setdefault(r.split, []).append((r.path, index[r.path]))
+    groups = {r.path: r.group for r in kept if r.group is not None}
     found = f"{src.name} ({', '.join(f'{len(v)} {k}' for k, v in splits.items())})"
-    if soft:
-        found += f"; column {label_col!r} holds probabilities: soft targets, classes 0 / 1 at p >= 0.5"
-    if multi:
-        found += f"; {label_delimiter!r}-separated labels: multi-label, {len(classes)} labels"
-    return Listing(classes, splits, groups, found, soft, multi)
+    return Listing(list(classes), splits, groups, found, soft, indices if multi else {})
 
 
 def _probabilities(labels: list[str]) -> list[float] | None:

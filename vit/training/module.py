@@ -128,7 +128,6 @@ class ViTClassifier(L.LightningModule):
             resize_from=resize_from,
             class_names=class_names,
         )  # fmt: skip
-        num_classes = arch.num_classes
         # Plain types only (lists, not tuples of objects): the checkpoint must load with weights_only=True.
         self.save_hyperparameters()
         self.hparams.update(
@@ -150,12 +149,12 @@ class ViTClassifier(L.LightningModule):
                 cutmix_alpha=cutmix_alpha,
                 prob=mixup_prob,
                 label_smoothing=label_smoothing,
-                num_classes=num_classes,
+                num_classes=arch.num_classes,
             )
             self.soft_ce = SoftTargetCrossEntropy()
-        self._add_metrics(num_classes)
+        self._add_metrics(arch.num_classes)
         if task == "multilabel":
-            self.val_multi, self.test_multi = multilabel_metrics(num_classes), multilabel_metrics(num_classes)
+            self.val_multi, self.test_multi = multilabel_metrics(arch.num_classes), multilabel_metrics(arch.num_classes)
         self._guard, self._guard_on_device, self._skipped = NonFiniteGuard(), False, 0
         self._grad_norm: torch.Tensor | None = None  # () of this step's gradients, set in on_before_optimizer_step
         self._frozen: list[torch.nn.Parameter] = []  # backbone parameters whose gradients a DDP step drops
