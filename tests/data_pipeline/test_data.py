@@ -213,7 +213,7 @@ def test_image_folder_mean_std_measured_on_its_training_images(tmp_path):
         _write_images(tmp_path / c, 6, "L", (20, 20), ord(c))
     dm = ImageFolderDataModule(str(tmp_path), img_size=16, num_workers=0)
     x = dm.memory["train"][0].float() / 255
-    assert dm.mean == tuple(round(v, 4) for v in x.mean(dim=(0, 2, 3)).tolist())
+    assert dm.mean == tuple(float(f"{v:.5g}") for v in x.mean(dim=(0, 2, 3)).tolist())
     assert dm.in_chans == 1 and len(dm.mean) == 1  # grayscale files: one channel, its own statistics, not ImageNet's
     given = ImageFolderDataModule(str(tmp_path), img_size=16, num_workers=0, mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2))
     assert given.mean == pytest.approx((0.5,)) and given.std == pytest.approx((0.2,))  # RGB statistics: their average
@@ -253,17 +253,21 @@ def test_image_folder_errors_name_the_path(tmp_path):
         ImageFolderDataModule(str(tmp_path))
 
 
-@pytest.mark.parametrize("mode", ["L", "RGBA", "P", "CMYK", "I;16", "LA"])
-def test_load_image_converts_every_mode_to_rgb(tmp_path, mode):
+@pytest.mark.parametrize("mode", ["L", "RGBA", "P", "CMYK", "LA"])
+def test_load_image_converts_every_8_bit_mode_to_rgb(tmp_path, mode):
     _write_images(tmp_path, 1, mode, (9, 7), 0)
     path = next(tmp_path.iterdir())
     img = load_image(path)
     assert img.mode == "RGB" and img.size == (9, 7)
 
 
-def test_load_image_16_bit_uses_the_full_range(tmp_path):
-    Image.fromarray(np.array([[0, 32896, 65535]], dtype=np.uint16)).save(tmp_path / "x.png")
-    assert np.asarray(load_image(tmp_path / "x.png"))[0, :, 0].tolist() == [0, 128, 255]
+def test_load_image_keeps_16_bits_as_floats_over_the_full_range(tmp_path):
+    values = [0, 1, 4095, 32896, 65535]  # 1 and 4095: lost to 8 bits (0 and 16 there)
+    Image.fromarray(np.array([values], dtype=np.uint16)).save(tmp_path / "x.png")
+    x = load_image(tmp_path / "x.png")
+    assert x.dtype == torch.float32 and x.shape == (3, 1, 5)  # grey repeated for a 3-channel model
+    assert torch.equal(x[0, 0], torch.tensor(values, dtype=torch.float32) / 65535)
+    assert load_image(tmp_path / "x.png", in_chans=1).shape == (1, 1, 5)
 
 
 def test_digits_split_and_ranges():

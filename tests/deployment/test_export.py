@@ -63,30 +63,36 @@ def test_cli_writes_the_preprocessing_beside_the_model(tmp_path):
 
 def _from_sidecar(path: Path, meta: dict) -> np.ndarray:
     """Another runtime's preprocessing: PIL and numpy only, every step read from the sidecar JSON (no vit code)."""
-    img = Image.open(path)
+    img, bands = Image.open(path), None
     img.load()
     for step in meta["preprocess"]:
         kind = step["step"]
         if kind == "exif_transpose":
             img = ImageOps.exif_transpose(img)
-        elif kind == "scale_wide_grayscale" and img.mode in step["modes"]:
-            arr = np.asarray(img, dtype=np.float64)
+        elif kind == "wide_pixels" and img.mode in step["modes"]:
+            arr = np.asarray(img, dtype=np.float32)
             top = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0
-            img = Image.fromarray(np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8))
+            img = Image.fromarray(arr / top, "F")  # one band, float; no 8-bit step
         elif kind == "composite_alpha" and img.mode in step["modes"]:
             background = Image.new("RGBA", img.size, (*step["background"], 255))
             img = Image.alpha_composite(background, img.convert("RGBA"))
+        elif kind == "convert" and img.mode == "F":  # a wide band: repeated for 3 channels, resized per band
+            bands = [img] * (3 if step["mode"] == "RGB" else 1)
         elif kind == "convert":
-            img = img.convert(step["mode"])
+            img, bands = img.convert(step["mode"]), None
         elif kind == "resize":
             w, h = img.size
             s = step["size"]
             size = (s, int(s * h / w)) if w <= h else (int(s * w / h), s)
             img = img.resize(size, Image.BILINEAR)
+            bands = [b.resize(size, Image.BILINEAR) for b in bands] if bands else None
         elif kind == "center_crop":
             (cw, ch), (w, h) = step["size"], img.size
             top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
             img = img.crop((left, top, left + cw, top + ch))
+            bands = [b.crop((left, top, left + cw, top + ch)) for b in bands] if bands else None
+        elif kind == "to_float" and bands:  # wide: float already
+            arr = np.stack([np.asarray(b, dtype=np.float32) for b in bands])
         elif kind == "to_float":
             arr = np.asarray(img, dtype=np.float32) / 255.0
             arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)  # (C, H, W)
@@ -94,7 +100,7 @@ def _from_sidecar(path: Path, meta: dict) -> np.ndarray:
             arr = (arr - np.array(step["mean"], np.float32)[:, None, None]) / np.array(step["std"], np.float32)[
                 :, None, None
             ]
-        elif kind not in ("scale_wide_grayscale", "composite_alpha"):
+        elif kind not in ("wide_pixels", "composite_alpha"):
             raise AssertionError(f"a step this runtime does not know: {step}")
     return arr
 
@@ -119,8 +125,10 @@ def _files_in_every_mode(folder: Path) -> list[Path]:
         pal.save(folder / f"{i}_palette.png", transparency=255)
         Image.fromarray(d, "L").save(folder / f"{i}_gray.png")
         Image.fromarray(d.astype(np.uint16) * 257).save(folder / f"{i}_deep16.png")
+        deep = np.repeat(d, 2, 0).repeat(2, 1)[:40, :48].astype(np.uint16) * 16 + rng.integers(0, 16, (40, 48))
+        Image.fromarray(deep.astype(np.uint16)).save(folder / f"{i}_deep12.png")  # 12 bits in 16, resized
         Image.fromarray(np.repeat(d, 2, 0).repeat(2, 1)).resize((48, 40)).convert("RGB").save(folder / f"{i}_big.png")
-        files += [folder / f"{i}_{kind}.png" for kind in ("rgba", "la", "palette", "gray", "deep16", "big")]
+        files += [folder / f"{i}_{kind}.png" for kind in ("rgba", "la", "palette", "gray", "deep16", "deep12", "big")]
     return files
 
 

@@ -187,13 +187,14 @@ def label_issue_gallery(ckpt: dict, hparams: dict, show: int = 16) -> tuple[byte
             img = image_at(read_image(r["path"], hparams.get("in_chans", 3)), hparams["img_size"])
         except Exception:  # a file moved or deleted since training: shown by the others
             continue
-        pictures.append(img.float() / 255)
+        pictures.append(img.float() / 255 if img.dtype == torch.uint8 else img)
         captions.append(
             f"{Path(r['path']).name[:22]}\ngiven {r['given']}, suggested {r['suggested']} ({float(r['score']):.2f})"
         )
     if not pictures:
         return None
     images = torch.stack(pictures)
+    images = images.mean(1, keepdim=True) if images.shape[1] not in (1, 3) else images  # bands: their mean, grey
     images = images.expand(-1, 3, -1, -1) if images.shape[1] == 1 else images
     return png_bytes(label_issues_figure(images, captions, path)), len(rows)
 

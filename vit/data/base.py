@@ -149,13 +149,19 @@ def whole_train_batches(dm: ImageClassificationData) -> DeviceBatches | None:
     return DeviceBatches(images, targets, dm.eval_batch_size, dm.mean, dm.std, train=False, out_size=dm.img_size)
 
 
+def rounded(values) -> tuple[float, ...]:
+    """Measured statistics to 5 significant digits (readable in a config, exact enough: 4 decimals put 12-bit data's
+    mean, near 0.02, 0.5% off)."""
+    return tuple(float(f"{v:.5g}") for v in values)
+
+
 def channel_mean_std(x: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and (unbiased) std of uint8 images (N, C, H, W) in [0, 1], in float64 chunks: no float copy
-    of the whole set (4x the uint8 tensor)."""
+    """Per-channel mean and (unbiased) std of images (N, C, H, W) in [0, 1] (uint8 / 255, or float as stored), in
+    float64 chunks: no float copy of the whole set (4x the uint8 tensor)."""
     total = torch.zeros(x.shape[1], dtype=torch.float64)
     squares = torch.zeros(x.shape[1], dtype=torch.float64)
     for i in range(0, len(x), chunk):
-        part = x[i : i + chunk].double().div_(255)
+        part = x[i : i + chunk].double().div_(255 if x.dtype == torch.uint8 else 1)
         total += part.sum(dim=(0, 2, 3))
         squares += part.square().sum(dim=(0, 2, 3))
     n = x.shape[0] * x.shape[2] * x.shape[3]

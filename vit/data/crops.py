@@ -105,7 +105,8 @@ def random_resized_crop_boxes(
 
 def resized_crop(x: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
     """Crop each image to its box and resize to size x size, bilinear as F.interpolate (align_corners False, source
-    coordinates clamped inside the crop). x (B, C, H, W) uint8, boxes (B, 4) top, left, h, w -> (B, C, size, size)."""
+    coordinates clamped inside the crop). x (B, C, H, W) uint8 (or float32), boxes (B, 4) top, left, h, w ->
+    (B, C, size, size)."""
     B, C, H, W = x.shape
     top, left, h, w = boxes.unbind(1)
     j = torch.arange(size, device=x.device, dtype=torch.float32) + 0.5
@@ -116,7 +117,7 @@ def resized_crop(x: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tenso
     gy = (2 * sy + 1) / H - 1
     grid = torch.stack([gx[:, None, :].expand(B, size, size), gy[:, :, None].expand(B, size, size)], dim=-1)
     out = F.grid_sample(x.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
-    return to_uint8(out.round_().clamp_(0, 255))
+    return out if x.is_floating_point() else to_uint8(out.round_().clamp_(0, 255))  # float pixels stay float
 
 
 def random_erasing_boxes(

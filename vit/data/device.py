@@ -38,7 +38,7 @@ class DeviceBatches:
     """Batches of (normalised float images, targets) from uint8 images held on one device.
 
     Args:
-        images: (N, C, H, W) uint8, already on the device to train on.
+        images: (N, C, H, W) uint8, or float32 in [0, 1] (16-bit or multi-band data), already on the device to train on.
         train: shuffle (seeded by `seed` and the epoch) and augment; otherwise fixed order, no augmentation.
         rrc_scale: RandomResizedCrop's area range (e.g. (0.35, 1.0)) instead of the padded crop; None: off.
         rot90: a random quarter turn of each image (square images) after crop and flip: with `hflip`, all 8
@@ -75,8 +75,12 @@ class DeviceBatches:
         rank: int = 0,
         world_size: int = 1,
     ):
-        if images.dtype != torch.uint8 or images.ndim != 4:
-            raise ValueError(f"images must be a uint8 (N, C, H, W) tensor, got {images.dtype} {tuple(images.shape)}")
+        if images.dtype not in (torch.uint8, torch.float32) or images.ndim != 4:
+            raise ValueError(
+                f"images must be a uint8 or float32 (N, C, H, W) tensor, got {images.dtype} {tuple(images.shape)}"
+            )
+        if images.is_floating_point() and auto_augment is not None:
+            raise ValueError("auto_augment works on uint8 images (its tables cover 256 values); these are float32")
         self.images, self.targets = images, targets.to(images.device)
         self.batch_size, self.train = batch_size, train
         self.crop_padding, self.hflip, self.rot90 = crop_padding, hflip, rot90

@@ -10,8 +10,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import Dataset
 
-from vit.data.base import ImageClassificationData, TensorImageDataset, channel_mean_std, given_mean_std
-from vit.data.images import describe, eval_geometry, load_image, read_image
+from vit.data.base import ImageClassificationData, TensorImageDataset, channel_mean_std, given_mean_std, rounded
+from vit.data.images import describe, image_at, load_image, read_image, same_dtype
 from vit.data.listing import list_data, split_validation
 from vit.data.transforms import (
     AutoAugment,
@@ -26,16 +26,17 @@ from vit.data.transforms import (
 log = logging.getLogger(__name__)
 
 
-def decode_images(paths: list[str], img_size: int, workers: int | None = None) -> tuple[list, list[tuple[str, str]]]:
+def decode_images(
+    paths: list[str], img_size: int, workers: int | None = None, in_chans: int | None = None
+) -> tuple[list, list[tuple[str, str]]]:
     """Decode every image once, in threads (PIL releases the GIL), to the evaluation geometry at img_size (shorter
-    side resized, centre crop): a uint8 (3, S, S) tensor per path, or None; and (path, reason) for each failure."""
+    side resized, centre crop): a (C, S, S) tensor per path (uint8; float32 in [0, 1] for 16-bit and multi-band
+    files; C: in_chans, or None: 3 for 8-bit and grey, a TIFF's bands), or None; and (path, reason) per failure."""
     from concurrent.futures import ThreadPoolExecutor
-
-    geometry = eval_geometry(img_size)
 
     def decode(path: str):
         try:
-            return geometry(read_image(path)), None
+            return image_at(read_image(path, in_chans), img_size), None
         except Exception as e:  # any failure is a reason to report, never a crash of the run
             return None, describe(e)
 
@@ -56,7 +57,18 @@ def check_numbers(random_erasing: float, max_memory_gb: float | None, val_fracti
 
 def one_channel(img: torch.Tensor) -> bool:
     """A decoded (3, H, W) image whose three channels are equal: a grey image, however its file stored it."""
-    return bool(torch.equal(img[0], img[1]) and torch.equal(img[1], img[2]))
+    return len(img) == 3 and bool(torch.equal(img[0], img[1]) and torch.equal(img[1], img[2]))
+
+
+def channels_of(root: Path, seen: dict[str, list[tuple[str, int, bool]]]) -> int:
+    """The model's input channels from what was decoded ({split: [(path, channels, grey)]}): 1 when every training
+    image is grey (three equal channels, whatever its file's mode), else the images' one channel count (3, or a
+    TIFF's bands); images that disagree are a DataError naming one of each."""
+    counts = {c: path for items in seen.values() for path, c, _ in reversed(items)}  # the first path of each count
+    if len(counts) > 1:
+        named = ", ".join(f"{p} has {c}" for c, p in sorted(counts.items()))
+        raise DataError(f"{root}: images with different channel counts: {named}; give every image the same bands")
+    return 1 if all(grey for _, _, grey in seen["train"]) else next(iter(counts), 3)
 
 
 def stack_releasing(images: list[torch.Tensor]) -> torch.Tensor:
@@ -188,6 +200,9 @@ class ImageFolderDataModule(ImageClassificationData):
         self.num_classes, self.img_size, self.in_chans = len(self.class_names), img_size, in_chans
         self.val_fraction, self.split_seed = val_fraction, split_seed
         self._decide_and_decode(in_memory, max_memory_gb)
+        if self.wide and auto_augment != "none":  # its colour operations are tables over the 256 values of 8 bits
+            log.warning(f"auto_augment={auto_augment} is off: {self.root} holds pixels of more than 8 bits or 3 bands")
+            auto_augment = "none"
         if mean is None or std is None:
             measured = self._measure_mean_std()
             mean, std = mean or measured[0], std or measured[1]
@@ -241,20 +256,27 @@ class ImageFolderDataModule(ImageClassificationData):
             why += f", over max_memory_gb={budget:.2f}" if in_memory is None else " (in_memory=false)"
         t = time.perf_counter()
         kept: dict[str, tuple[list, list]] = {}
+        seen: dict[str, list[tuple[str, int, bool]]] = {}  # split -> (path, channels, grey) of each decoded image
         for split, samples in listed.items():
             if self.in_memory or self.check_images:
-                images, bad = decode_images([p for p, _ in samples], self.img_size)
+                images, bad = decode_images([p for p, _ in samples], self.img_size, in_chans=self.in_chans)
                 good = self._drop_bad(split, samples, bad)
                 images = [img for img in images if img is not None]
+                seen[split] = [(p, len(img), one_channel(img)) for (p, _), img in zip(good, images)]
+                kept[split] = (good, images if self.in_memory else [])
             else:
-                good, images = self._drop_bad(split, samples, []), []
-            if split == "train" and self.in_chans is None:
-                # grey data trains a 1-channel model: every decoded training image has three equal channels
-                self.in_chans = 1 if images and all(one_channel(img) for img in images) else 3
-            if self.in_chans == 1:
-                images = [img[:1] for img in images]  # (1, S, S) views: the stack copies them once
-            kept[split] = (good, images if self.in_memory else [])
+                kept[split] = (self._drop_bad(split, samples, []), [])
+        if self.in_chans is None:  # grey data trains a 1-channel model, a 5-band one a 5-channel model
+            self.in_chans = channels_of(self.root, seen) if seen.get("train") else 3
+        # one dtype for the store: uint8, or float32 in [0, 1] once any image has more than 8 bits or 3 bands
+        all_images = same_dtype([img[:1] if self.in_chans == 1 else img for _, imgs in kept.values() for img in imgs])
+        self.wide = bool(all_images) and all_images[0].is_floating_point()
+        for split, (good, images) in kept.items():  # (1, S, S) views for grey: the stack copies them once
+            kept[split] = (good, all_images[: len(images)])
+            del all_images[: len(images)]
         path = "in-memory path (batched augmentation on the training device)" if self.in_memory else "streaming path"
+        if self.wide:
+            path += ", pixels kept as float32 (more than 8 bits or more than 3 bands: 4x the memory of 8-bit)"
         rank_zero_info(f"{self.root}: {self.listing.found}; {path}: {why}; decoded in {time.perf_counter() - t:.1f} s")
         if "val" not in kept:  # split off the checked training list (and the decoded images with it)
             train, val = split_validation(
@@ -290,10 +312,10 @@ class ImageFolderDataModule(ImageClassificationData):
         else:
             paths = [p for p, _ in self.samples["train"]]
             pick = torch.randperm(len(paths), generator=torch.Generator().manual_seed(0))[:500].tolist()
-            decoded = decode_images([paths[i] for i in pick], self.img_size)[0]
-            x = torch.stack([img[: self.in_chans] for img in decoded if img is not None])
+            decoded = decode_images([paths[i] for i in pick], self.img_size, in_chans=self.in_chans)[0]
+            x = torch.stack(same_dtype([img for img in decoded if img is not None]))
         mean, std = channel_mean_std(x)
-        return tuple(round(v, 4) for v in mean.tolist()), tuple(round(v, 4) for v in std.tolist())
+        return rounded(mean.tolist()), rounded(std.tolist())
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:

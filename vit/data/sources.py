@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from vit.data.cifar_files import open_cifar
-from vit.data.images import convert_image, read_image
+from vit.data.images import convert_image, read_image, tiff_size
 from vit.data.listing import list_data
 from vit.data.transforms import DataError
 
@@ -77,12 +77,16 @@ def _file_header(path) -> tuple[int, int, bool] | None:
             turned = im.getexif().get(0x0112, 1) in (5, 6, 7, 8)  # EXIF orientations that swap width and height
             return (h, w, is_gray(im)) if turned else (w, h, is_gray(im))
     except Exception:  # unreadable files are the data module's to report, with the reason
-        return None
+        try:
+            size = tiff_size(path)  # a planar multi-band TIFF (PIL opens none): bands, not grey
+            return None if size is None else (*size, False)
+        except Exception:
+            return None
 
 
-def _file_image(path) -> Image.Image | None:
+def _file_image(path) -> Image.Image | torch.Tensor | None:
     try:
-        return read_image(path)
+        return read_image(path, in_chans=None)  # a multi-band TIFF with all its bands
     except Exception:
         return None
 

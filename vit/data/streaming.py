@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from vit.data.base import ImageClassificationData, channel_mean_std
-from vit.data.images import eval_geometry, load_image
+from vit.data.base import ImageClassificationData, channel_mean_std, rounded
+from vit.data.images import eval_geometry, load_image, same_dtype
 from vit.data.listing import list_folder
 from vit.data.transforms import check_crop_scale, eval_transform, train_transform
 
@@ -70,15 +70,15 @@ def optimize_folder(root: str, output_dir: str, num_workers: int = 1, chunk_byte
     sample = [p for p, _ in train_files[:: max(1, len(train_files) // 500)][:500]]
     # the same statistics as a folder's (channel_mean_std), of a stride sample decoded at 64 px (the chunks keep the
     # encoded files; the size to train at is not known here)
-    x = torch.stack([eval_geometry(64)(load_image(p)) for p in sample])  # uint8 (N, 3, 64, 64)
+    x = torch.stack(same_dtype([eval_geometry(64)(load_image(p)) for p in sample]))  # (N, 3, 64, 64), uint8 or float
     mean, std = channel_mean_std(x)
     train_labels = [t for _, t in train_files]
     meta = {
         "class_names": classes,
         # the planner's fingerprint reads the counts here instead of every item of the stream (vit/data/sources.py)
         "class_counts": [train_labels.count(i) for i in range(len(classes))],
-        "mean": [round(v, 4) for v in mean.tolist()],
-        "std": [round(v, 4) for v in std.tolist()],
+        "mean": list(rounded(mean.tolist())),  # as the folder's DataModule measures them
+        "std": list(rounded(std.tolist())),
     }
     (out / META).write_text(json.dumps(meta, indent=1) + "\n")
     return meta

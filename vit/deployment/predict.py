@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from vit.data.images import describe, image_at, read_image
+from vit.data.images import describe, image_at, read_image, same_dtype
 from vit.data.transforms import normalize_uint8, uint8_affine
 from vit.evaluation.attention_maps import (
     attention_rollout,
@@ -62,7 +62,7 @@ def channel_stats(hparams: dict, device: torch.device) -> tuple[torch.Tensor, to
 
 def collate(items):
     good = [(x, i) for x, i, err in items if err is None]
-    x = torch.stack([x for x, _ in good]) if good else None
+    x = torch.stack(same_dtype([x for x, _ in good])) if good else None  # 8-bit beside 16-bit files: all float
     return x, [i for _, i in good], [(i, err) for _, i, err in items if err is not None]
 
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from PIL import Image
 from starlette.requests import Request
 
-from vit.data.images import describe, image_at, read_image
+from vit.data.images import describe, image_at, read_image, same_dtype
 from vit.deployment.onnx_model import load_onnx
 from vit.deployment.predict import channel_stats, class_names, labels_above, map_and_logits, normalize, top_k
 from vit.evaluation.attention_maps import denormalize, overlay
@@ -54,7 +54,8 @@ class RequestError(Exception):
 
 
 def decode_upload(data: bytes, img_size: int, in_chans: int, max_pixels: int) -> torch.Tensor:
-    """Image bytes -> uint8 (in_chans, img_size, img_size), as vit-predict reads a file; RequestError otherwise.
+    """Image bytes -> (in_chans, img_size, img_size), uint8 (float32 for 16-bit), as vit-predict reads a file;
+    RequestError otherwise.
 
     Only FORMATS are opened (Pillow would also run EPS through Ghostscript, where installed). The size is checked on
     the header, after JPEG's draft scaling (which decodes only what img_size needs), before any pixel is decoded."""
@@ -116,7 +117,13 @@ class ImageRequests:
             await _json(send, e.status, {"error": str(e)})
             return
         payload = json.dumps(
-            {"pixels": base64.b64encode(pixels.numpy().tobytes()).decode(), "topk": topk, "map": kind, "raw": raw}
+            {
+                "pixels": base64.b64encode(pixels.numpy().tobytes()).decode(),
+                "dtype": str(pixels.dtype).removeprefix("torch."),  # uint8, or float32 for 16-bit uploads
+                "topk": topk,
+                "map": kind,
+                "raw": raw,
+            }
         ).encode()
         headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-type", b"content-length")]
         headers += [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
@@ -303,14 +310,15 @@ class ViTAPI(ls.LitAPI):
         self.reject = Rejector(self.hparams.get("unknown"))
 
     def decode_request(self, request: dict):
-        pixels = torch.frombuffer(bytearray(base64.b64decode(request["pixels"])), dtype=torch.uint8)
+        dtype = torch.float32 if request.get("dtype") == "float32" else torch.uint8
+        pixels = torch.frombuffer(bytearray(base64.b64decode(request["pixels"])), dtype=dtype)
         return pixels.reshape(self.shape), int(request["topk"]), request["map"], bool(request.get("raw"))
 
     def batch(self, inputs: list) -> list:
         return inputs  # predict stacks the images and keeps each request's options
 
     def predict(self, items: list) -> list[dict]:
-        x = torch.stack([pixels for pixels, _, _, _ in items]).to(self.device, non_blocking=True)
+        x = torch.stack(same_dtype([pixels for pixels, _, _, _ in items])).to(self.device, non_blocking=True)
         x = normalize(x, self.mean, self.std)  # (B, C, S, S)
         with torch.inference_mode():
             logits, feats = self.reject.forward(self.model, x)

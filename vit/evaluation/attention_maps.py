@@ -159,10 +159,13 @@ def attention_entropy(attn: torch.Tensor) -> torch.Tensor:
 
 
 def denormalize(x: torch.Tensor, mean, std) -> torch.Tensor:
-    """Undo Normalize: (B, C, H, W) or (C, H, W) -> RGB in [0, 1] (grayscale repeated to 3 channels)."""
+    """Undo Normalize: (B, C, H, W) or (C, H, W) -> RGB in [0, 1] (grayscale repeated to 3 channels; bands other
+    than 1 or 3, a multi-band image's, shown as their mean in grey)."""
     mean = torch.as_tensor(mean, dtype=x.dtype, device=x.device)[:, None, None]
     std = torch.as_tensor(std, dtype=x.dtype, device=x.device)[:, None, None]
     img = (x * std + mean).clamp(0, 1)
+    if img.shape[-3] not in (1, 3):
+        img = img.mean(-3, keepdim=True)
     if img.shape[-3] == 1:
         img = img.expand(*img.shape[:-3], 3, *img.shape[-2:])
     return img

@@ -86,10 +86,18 @@ def fingerprint(
         turn_symmetry=mirror_symmetry(images, labels, turn=True),
         decode_s=per_image * (src.n_train + src.n_val) if src.decodes else 0.0,
         # a folder of grey images trains a 1-channel model (the DataModule checks every image; this, the sample)
-        in_chans=1 if src.grey_to_one and all(im is None or one_channel(im) for im in images) else src.in_chans,
+        in_chans=channels(src, [im for im in images if im is not None]),
         task=src.task,
         soft_labels=src.soft_labels,
     )
+
+
+def channels(src: DataSource, images: list[torch.Tensor]) -> int:
+    """The channels the model trains on: a folder's (grey_to_one) 1 when its sample is grey, else its images' count
+    (3, or a multi-band TIFF's bands), as the DataModule decides over every image; other sources' own."""
+    if not src.grey_to_one:
+        return src.in_chans
+    return 1 if all(one_channel(im) for im in images) else len(images[0])
 
 
 def mirror_symmetry(images: list[torch.Tensor | None], labels: list[int], turn: bool = False) -> float:
