@@ -168,6 +168,13 @@ def test_command_writes_overlays_for_image_files(tmp_path, capsys):
     png = Image.open(tmp_path / "maps" / "a_attention.png")
     assert png.size == (64 + 4, 2 * 64 + 6)
     assert (tmp_path / "maps" / "a_heads_last_block.png").is_file()
+    # two files with one stem: two maps, neither overwritten
+    (tmp_path / "other").mkdir()
+    Image.open(tmp_path / "a.png").transpose(Image.Transpose.FLIP_TOP_BOTTOM).save(tmp_path / "other" / "a.png")
+    argv = ["--ckpt", str(tmp_path / "m.ckpt"), "--out", str(tmp_path / "two"), "--size", "64"]
+    assert attention_main([*argv, str(tmp_path / "a.png"), str(tmp_path / "other" / "a.png")]) == 0
+    first, second = (np.asarray(Image.open(tmp_path / "two" / n)) for n in ("a_attention.png", "00001_a_attention.png"))
+    assert not np.array_equal(first, second) and (tmp_path / "two" / "00001_a_heads_last_block.png").is_file()
 
 
 def test_kept_distance_plot_redraws_exactly_what_a_new_figure_draws():

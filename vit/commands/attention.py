@@ -3,8 +3,8 @@
     vit-attention --ckpt checkpoints/digits/version_0/last.ckpt --out maps/ img1.png img2.png
     vit-attention faithfulness --ckpt checkpoints/digits/version_0/last.ckpt images/ --json
 
-The first writes `<stem>_attention.png` per image (the image above its rollout overlay) and the per-head maps of the
-last block (vit.evaluation.attention_maps); `faithfulness` prints the deletion/insertion table of
+The first writes `<stem>_attention.png` per image (the image above its rollout overlay; `<position>_<stem>_...` for a
+stem met before) and the per-head maps of the last block (vit.evaluation.attention_maps); `faithfulness` prints the deletion/insertion table of
 vit.evaluation.faithfulness.
 """
 
@@ -54,14 +54,17 @@ def maps_main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tf = eval_transform(hp["img_size"], hp["mean"], hp["std"])
     names = hp.get("class_names") or [str(i) for i in range(model.num_classes)]
-    done = 0
-    for path, x in read_or_report(args.images, tf, hp["in_chans"]):
+    done, used = 0, set()
+    for i, (path, x) in enumerate(read_or_report(args.images, tf, hp["in_chans"])):
         panels = attention_panels(model, x[None], hp["mean"], hp["std"], display_size=args.size)
         # the calibrated probability, as vit-predict, vit-eval and vit-serve print it
         prob, idx = probabilities(panels["logits"], hp.get("temperature", 1.0))[0].max(-1)
-        target = out / f"{Path(path).stem}_attention.png"
+        # <stem>_...; a stem met before (a/x.png, b/x.png) takes its position first, as vit-predict's maps do
+        stem = Path(path).stem if Path(path).stem not in used else f"{i:05d}_{Path(path).stem}"
+        used.add(stem)
+        target = out / f"{stem}_attention.png"
         save_image(panels["rollout"], target)
-        save_image(panels["layers"][-1], out / f"{Path(path).stem}_heads_last_block.png")
+        save_image(panels["layers"][-1], out / f"{stem}_heads_last_block.png")
         print(f"{target}  predicted {names[idx]} ({prob:.2f})")
         done += 1
     return 0 if done == len(args.images) else 1
