@@ -295,6 +295,30 @@ def test_several_label_columns_are_a_distribution_or_flags_per_class(tmp_path):
         list_data(tmp_path, labels=tmp_path / "f.csv", label_column="cat,wolf")
 
 
+@pytest.mark.parametrize(
+    "header, values, read",
+    [
+        ("path,probability", [0.0, 1 / 3, 2 / 3, 1.0, 0.5, 0.25], {}),
+        ("path,a,b", [(0.2, 0.8), (1 / 3, 2 / 3)] * 3, {"label_column": "a,b"}),
+        ("path,x y,b,c", [(1, 0, 1), (0, 1, 0), (1, 1, 0)] * 2, {"label_column": "x y,b,c"}),
+        ("path,labels", ["a;b c", "b c", "a;d"] * 2, {"label_delimiter": ";"}),
+    ],
+    ids=["probability", "distribution", "flags", "list"],
+)
+def test_split_csv_reads_back_as_the_same_split_and_targets(tmp_path, header, values, read):
+    from vit.data.listing import write_split
+
+    files = _images(tmp_path, 6, 0)
+    cells = [v if isinstance(v, (str, float)) else ",".join(map(str, v)) for v in values]
+    labels = _csv(tmp_path / "l.csv", "\n".join([header, *(f"{f.name},{c}" for f, c in zip(files, cells))]) + "\n")
+    listing = list_data(tmp_path, labels=labels, **read)
+    train, val = split_validation(listing.splits["train"], 0.34, 0, multi=listing.multi)
+    write_split(tmp_path / "split.csv", tmp_path, {"train": train, "val": val}, listing)
+    back = list_data(tmp_path, labels=tmp_path / "split.csv", **read)
+    assert back.splits == {"train": train, "val": val} and back.class_names == listing.class_names
+    assert back.soft == listing.soft and back.multi == listing.multi
+
+
 def test_soft_targets_mix_as_timms_mixup_mixes_one_hot_targets():
     from timm.data import Mixup
 

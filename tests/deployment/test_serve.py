@@ -66,15 +66,30 @@ def start_server(ckpt, *flags: str, cwd=None, model_flag="--ckpt") -> tuple[subp
 
 
 def stop_server(proc: subprocess.Popen) -> None:
+    """Ctrl-C as a terminal sends it, SIGINT to the whole process group: the launcher exits and every process it
+    started ends (LitServe's graceful shutdown), checked each time a server of the suite stops. What is still alive
+    after 30 s is killed and fails the test that stopped it."""
     import signal
 
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)  # LitServe's graceful shutdown: workers and API servers end
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        os.killpg(proc.pid, signal.SIGINT)
+    deadline = time.monotonic() + 30
+    while (proc.poll() is None or _session(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = (
+        [(pid, _cmdline(pid)) for pid in _session(proc.pid)] if proc.poll() is not None else [(proc.pid, "vit-serve")]
+    )
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError(f"alive 30 s after Ctrl-C (SIGINT to the process group): {left}")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")[:100]
+    except OSError:
+        return "?"
 
 
 def request(url: str, body: bytes | None = None, content_type: str | None = None) -> tuple[int, dict | str]:

@@ -157,6 +157,13 @@ def test_predict_gives_every_label_above_its_threshold_in_each_format(multilabel
     assert [r["labels"].split(";") for r in rows] == [rec["labels"] for rec in records]
     assert main(["--ckpt", str(run.ckpt), "--topk", "3", *files]) == 0
     assert f"[{', '.join(records[0]['labels'])}]" in capsys.readouterr().out
+    # a relevance map per label given: cat for every image (threshold 0), never dog, car where it is above 0.5
+    out = run.root / "label_maps"
+    assert main(["--ckpt", str(run.ckpt), "--attention-out", str(out), *files]) == 0
+    written = sorted(f.name for f in out.iterdir())
+    expected = sorted(f"{i:05d}_{i}_{label}.png" for i, rec in enumerate(records) for label in rec["labels"])
+    assert [n for n in written if n.count("_") == 2] == expected and expected
+    assert {Image.open(out / n).size for n in written} == {Image.open(out / "00000_0.png").size}
 
 
 def test_vit_eval_reports_map_and_f1_beside_the_per_label_majority(multilabel_run, tmp_path, capsys):

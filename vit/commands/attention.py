@@ -4,8 +4,8 @@
     vit-attention faithfulness --ckpt checkpoints/digits/version_0/last.ckpt images/ --json
 
 The first writes `<stem>_attention.png` per image (the image above its rollout overlay; `<position>_<stem>_...` for a
-stem met before) and the per-head maps of the last block (vit.evaluation.attention_maps); `faithfulness` prints the deletion/insertion table of
-vit.evaluation.faithfulness.
+stem met before) and the per-head maps of the last block (vit.evaluation.attention_maps); `faithfulness` prints the
+deletion/insertion table of vit.evaluation.faithfulness.
 """
 
 import argparse

@@ -236,7 +236,7 @@ class ViTCLI(LightningCLI):
         if logger and self.trainer.is_global_zero and getattr(self.datamodule, "samples", None):
             # which file went to which split: the validation split is made here, seeded (the same on resume)
             dm = self.datamodule
-            write_split(Path(logger.log_dir, "split.csv"), dm.root, dm.samples, dm.class_names)
+            write_split(Path(logger.log_dir, "split.csv"), dm.root, dm.samples, dm.listing)
         if config.get("find_label_issues"):
             self._find_label_issues(logger)
         if self._plan is not None:

@@ -430,12 +430,31 @@ def class_quotas(counts: list[int], fraction: float) -> list[int]:
     return [max(1, min(q, n - 1)) if n >= 2 else 0 for q, n in zip(quota, counts)]
 
 
-def write_split(path: Path, root: Path, samples: dict[str, list[tuple[str, int]]], class_names: list[str]) -> None:
-    """path (relative to root),label,split of every image a run uses (split.csv beside its logs): a labels file
-    that `--data.labels` reads back as the same split."""
+def write_split(path: Path, root: Path, samples: dict[str, list[tuple[str, int]]], listing: Listing) -> None:
+    """path (relative to root), label(s), split of every image a run uses (split.csv beside its logs): a labels file
+    that `--data.labels` reads back as the same split and the same targets: a class name; several, space-separated
+    (`--data.label_delimiter ' '`; ';' where a label holds a space); a probability; or a column per class, for a
+    distribution or for 0/1 flags (`--data.label_column` naming them, as the run's labels file did)."""
+    names, soft, multi = listing.class_names, listing.soft, listing.multi
+    delimiter = ";" if any(" " in n for n in names) else " "
+    # a column per class for a distribution, and for flags whose classes are not in sorted order (a list is read
+    # back sorted)
+    as_columns = (soft and names != ["0", "1"]) or (multi and names != sorted(names))
+    columns = list(names) if as_columns else ["label"]
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
-        out.writerow(["path", "label", "split"])
+        out.writerow(["path", *columns, "split"])
         for split, items in samples.items():
-            out.writerows((os.path.relpath(p, root), class_names[t], split) for p, t in items)
+            for p, t in items:
+                if multi and as_columns:
+                    label = [str(int(c in multi[p])) for c in range(len(names))]
+                elif multi:
+                    label = [delimiter.join(names[c] for c in multi[p])]
+                elif soft and len(columns) > 1:
+                    label = [repr(q) for q in soft[p]]
+                elif soft:
+                    label = [repr(soft[p][1])]  # the probability of class "1"
+                else:
+                    label = [names[t]]
+                out.writerow([os.path.relpath(p, root), *label, split])

@@ -8,6 +8,7 @@ the same decode as training. The command line is vit/commands/predict.py.
 """
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -118,6 +119,20 @@ def overlays(x: torch.Tensor, maps: torch.Tensor, hparams: dict) -> torch.Tensor
     return torch.stack([torch.cat([img, overlay(img, m)], dim=-1) for img, m in zip(images, maps.cpu())])
 
 
+def label_maps(model, x, logits, hparams: dict, names: list[str], paths: list[str], idx: list[int], out) -> None:
+    """A multi-label model's relevance map of every label at or above its threshold, one PNG per (image, label):
+    `<position>_<stem>_<label>.png` beside the map of its likeliest label. One forward and backward per label."""
+    from torchvision.utils import save_image
+
+    above = logits.float().sigmoid() >= torch.tensor(hparams["thresholds"], device=logits.device)  # (B, C)
+    for c in above.any(0).nonzero().flatten().tolist():
+        rows = above[:, c].nonzero().flatten()
+        rel = relevance(model, x[rows], c)[0]  # (n, gh, gw): the relevance of label c
+        label = re.sub(r"[^\w.-]", "_", names[c])  # a file name, whatever the label says
+        for r, picture in zip(rows.tolist(), overlays(x[rows], rel, hparams)):
+            save_image(picture, Path(out) / f"{idx[r]:05d}_{Path(paths[r]).stem}_{label}.png")
+
+
 def predict(
     model,
     paths: list[str],
@@ -172,6 +187,8 @@ def predict(
                 maps, logits = map_and_logits(model, x, attention_map)
                 for i, picture in zip(idx, overlays(x, maps, hparams)):
                     save_image(picture, Path(attention_out) / f"{i:05d}_{Path(paths[i]).stem}.png")
+                if hparams.get("task") == "multilabel" and attention_map == "relevance":
+                    label_maps(model, x, logits, hparams, names, [paths[i] for i in idx], idx, attention_out)
                 feats = reject.forward(model, x)[1]  # a second forward only when the score needs the features
             else:
                 logits, feats = reject.forward(model, x)
