@@ -74,6 +74,7 @@ VARIANT_MODELS = {
     "moe": dict(moe_experts=3, moe_top_k=2, moe_capacity_factor=0),
     "rope_abs_token": dict(rope=True, global_pool="token"),
     "convstem": dict(stem="conv"),
+    "resnetstem": dict(stem="resnet"),
     "spt_lsa": dict(stem="spt", lsa=True),
     "lsa_local_token": dict(lsa=True, attn_pattern="local", global_pool="token", img_size=48),
     "mimetic": dict(weight_init="mimetic"),
@@ -126,6 +127,34 @@ def test_conv_stem_matches_its_formula_and_keeps_the_token_grid():
     torch.testing.assert_close(tokens, ref.flatten(2).transpose(1, 2), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="stem='conv' needs a power-of-2 patch_size"):
         ViTConfig(img_size=48, patch_size=12, stem="conv")
+
+
+def test_resnet_stem_gives_timms_hybrid_embedding_of_residual_stages():
+    """stem='resnet': timm's HybridEmbed (the ViT paper's hybrid) over the same backbone and 1x1 projection gives the
+    same tokens; the backbone is a first convolution, then a residual stage of timm's BasicBlock per halving."""
+    from timm.layers import HybridEmbed
+    from timm.models.resnet import BasicBlock
+
+    model = VisionTransformer(**{**SMALL, "stem": "resnet", "embed_dim": 64}).eval()
+    stem = model.patch_embed.stem
+    blocks = [m for m in stem if isinstance(m, BasicBlock)]
+    assert stem[0].stride == (2, 2) and [b.conv1.out_channels for b in blocks] == [32, 64]  # patch 8: 3 halvings
+    assert all(b.conv1.stride == (2, 2) and b.downsample is not None for b in blocks)
+    for m in stem.modules():  # statistics other than the initial ones: both must use them
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1), m.running_var.uniform_(0.5, 2), m.weight.data.uniform_(0.5, 2)
+    timms = HybridEmbed(stem, img_size=32, patch_size=1, in_chans=3, embed_dim=64).eval()
+    timms.proj.load_state_dict(model.patch_embed.proj.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    tokens, grid = model.patch_embed(x)
+    assert grid == (4, 4) and timms.grid_size == (4, 4)
+    torch.testing.assert_close(tokens, timms(x), atol=1e-6, rtol=0)
+    ref = stem[2](stem[1](stem[0](x)))  # a residual stage by its formula: relu(bn2(conv2(relu(bn1(conv1 x)))) + short)
+    for b in blocks:
+        ref = F.relu(b.bn2(b.conv2(F.relu(b.bn1(b.conv1(ref))))) + b.downsample(ref))
+    torch.testing.assert_close(stem(x), ref, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="stem='resnet' needs a power-of-2 patch_size"):
+        ViTConfig(img_size=48, patch_size=12, stem="resnet")
 
 
 def test_mimetic_init_gives_the_papers_products_and_attention_to_self():

@@ -14,7 +14,7 @@ PosEmbedName = Literal["learned", "sincos2d", "rope2d"]
 PoolName = Literal["avg", "token"]
 AttnPattern = Literal["global", "local", "dilated", "sparse"]
 MlpName = Literal["mlp", "swiglu"]
-StemName = Literal["patch", "conv", "spt"]
+StemName = Literal["patch", "conv", "resnet", "spt"]
 NormPosition = Literal["pre", "post"]
 WeightInit = Literal["", "mimetic"]
 
@@ -107,6 +107,9 @@ class ViTConfig:
     """patch: one strided convolution per patch (the ViT paper's patchify); conv: a convolutional stem (Xiao et al.
     2021), log2(patch_size) 3x3 stride-2 convolutions with BatchNorm and ReLU, then a 1x1 one to embed_dim: the same
     token grid, with locality and overlapping receptive fields that small data lacks. patch_size a power of 2;
+    resnet: the ViT paper's hybrid (Dosovitskiy et al. 2021), a small ResNet as the patch embedding: the conv stem's
+    first convolution, then a residual stage (timm's BasicBlock, stride 2) per further halving, the same widths and
+    token grid; patch_size a power of 2;
     spt: Shifted Patch Tokenization (Lee et al. 2021), the image and its four diagonal shifts by half a patch,
     concatenated, cut into patches, LayerNorm and a linear layer: each token sees its neighbours' edges. patch_size
     even."""
@@ -176,8 +179,8 @@ class ViTConfig:
                 f"patch_drop_rate={c.patch_drop_rate} needs attn_pattern='global' and no RoPE: local patterns and "
                 "rotary embeddings follow the patch grid, which dropped tokens break"
             )
-        if c.stem == "conv" and (c.patch_size < 2 or c.patch_size & (c.patch_size - 1)):
-            raise ValueError(f"stem='conv' needs a power-of-2 patch_size (2, 4, 8, 16, ...), got {c.patch_size}")
+        if c.stem in ("conv", "resnet") and (c.patch_size < 2 or c.patch_size & (c.patch_size - 1)):
+            raise ValueError(f"stem={c.stem!r} needs a power-of-2 patch_size (2, 4, 8, 16, ...), got {c.patch_size}")
         if c.weight_init == "mimetic" and (c.kv_latent_dim or (c.num_kv_heads or c.num_heads) != c.num_heads):
             raise ValueError("weight_init='mimetic' needs plain attention: num_kv_heads and kv_latent_dim null")
         if c.stem == "spt" and c.patch_size % 2:

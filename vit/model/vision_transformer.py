@@ -36,11 +36,34 @@ def conv_stem(in_chans: int, embed_dim: int, patch_size: int) -> nn.Sequential:
     BatchNorm and ReLU, widths embed_dim / 2^(n-1), ..., embed_dim / 2, embed_dim (at least 16, so that a long stem
     in front of a narrow model keeps some channels at full resolution): (B, C, H, W) -> (B, D', H/p, W/p). Their ViT-S
     stem (48, 96, 192, 384 for patch 16) is this rule at embed_dim 384."""
-    n = patch_size.bit_length() - 1
-    widths = [max(16, embed_dim >> (n - 1 - i)) for i in range(n)]
+    widths = stem_widths(embed_dim, patch_size)
     layers: list[nn.Module] = []
     for c_in, c_out in zip([in_chans, *widths], widths):
         layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def stem_widths(embed_dim: int, patch_size: int) -> list[int]:
+    """The channels after each of a stem's log2(patch_size) halvings: embed_dim / 2^(n-1), ..., embed_dim, >= 16."""
+    n = patch_size.bit_length() - 1
+    return [max(16, embed_dim >> (n - 1 - i)) for i in range(n)]
+
+
+def resnet_stem(in_chans: int, embed_dim: int, patch_size: int) -> nn.Sequential:
+    """The ViT paper's hybrid embedding, small (Dosovitskiy et al. 2021 put ResNet-50's first stages there): a 3x3
+    stride-2 convolution with BatchNorm and ReLU, then per further halving one residual stage, timm's BasicBlock
+    (two 3x3 convolutions and a 1x1 stride-2 shortcut), at conv_stem's widths: (B, C, H, W) -> (B, D', H/p, W/p)."""
+    from timm.models.resnet import BasicBlock
+
+    widths = stem_widths(embed_dim, patch_size)
+    layers: list[nn.Module] = [
+        nn.Conv2d(in_chans, widths[0], 3, stride=2, padding=1, bias=False),
+        nn.BatchNorm2d(widths[0]),
+        nn.ReLU(),
+    ]
+    for c_in, c_out in zip(widths, widths[1:]):
+        shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=2, bias=False), nn.BatchNorm2d(c_out))
+        layers.append(BasicBlock(c_in, c_out, stride=2, downsample=shortcut))
     return nn.Sequential(*layers)
 
 
@@ -61,8 +84,8 @@ def shifted_patches(x: torch.Tensor, patch_size: int) -> torch.Tensor:
 
 class PatchEmbed(nn.Module):
     """Image to patch tokens: (B, C, H, W) -> (B, N, D), N = (H/p) * (W/p). One strided convolution (`proj`); with
-    `stem='conv'` a convolutional stem (`stem`) and a 1x1 convolution (`proj`) to the token width; with `stem='spt'`
-    shifted patches, a LayerNorm (`norm`) and a linear layer (`proj`)."""
+    `stem='conv'` or `'resnet'` a convolutional or residual stem (`stem`) and a 1x1 convolution (`proj`) to the token
+    width; with `stem='spt'` shifted patches, a LayerNorm (`norm`) and a linear layer (`proj`)."""
 
     def __init__(self, patch_size: int, in_chans: int, embed_dim: int, stem: str = "patch"):
         super().__init__()
@@ -72,9 +95,9 @@ class PatchEmbed(nn.Module):
             self.stem = nn.Identity()
             self.norm = nn.LayerNorm(5 * in_chans * patch_size**2, eps=1e-6)
             self.proj = nn.Linear(5 * in_chans * patch_size**2, embed_dim)
-        elif stem == "conv":
-            self.stem = conv_stem(in_chans, embed_dim, patch_size)
-            self.proj = nn.Conv2d(self.stem[-3].out_channels, embed_dim, kernel_size=1)
+        elif stem in ("conv", "resnet"):
+            self.stem = (conv_stem if stem == "conv" else resnet_stem)(in_chans, embed_dim, patch_size)
+            self.proj = nn.Conv2d(stem_widths(embed_dim, patch_size)[-1], embed_dim, kernel_size=1)
         else:
             self.stem = nn.Identity()
             self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
