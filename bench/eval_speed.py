@@ -1,6 +1,6 @@
 """vit-eval against vit-predict on the same labelled files, in one process, interleaved, median of rounds.
 
-    python ../shared/data/to_folder.py ../shared/data/mnist10k.npz /tmp/m10k --val 0    # 10,000 28-px PNGs
+    python bench/data/to_folder.py ../shared/data/mnist10k.npz /tmp/m10k --val 0    # 10,000 28-px PNGs
     python bench/eval_speed.py --ckpt CKPT /tmp/m10k/train --rounds 3
 
 vit-eval does all of predict's work (decode, forward) and then the metrics, three figures (the top losses with two

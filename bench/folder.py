@@ -1,7 +1,7 @@
 """A folder of real images through `train.py fit --config configs/folder.yaml` against a bare PyTorch loop over the same
 images already in memory: same model, same fused AdamW, same batch size; interleaved step by step, several rounds.
 
-    python ../shared/data/to_folder.py ../shared/data/mnist10k.npz /tmp/mnist_png --val 2000
+    python bench/data/to_folder.py ../shared/data/mnist10k.npz /tmp/mnist_png --val 2000
     python bench/folder.py /tmp/mnist_png --rounds 3
 
 Each round is one epoch of the real command. After each of its training steps a callback runs one step of the bare

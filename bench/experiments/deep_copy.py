@@ -3,7 +3,7 @@ grey PNG (0..4080 of 0..65535: the same picture, no information added). Training
 at one budget and seed tells whether the 16-bit path keeps the levels (an 8-bit detour, value / 65535 * 255, keeps
 16 of them).
 
-    python ../shared/data/to_folder.py ../shared/data/mnist10k.npz mnist_png --val 2000
+    python bench/data/to_folder.py ../shared/data/mnist10k.npz mnist_png --val 2000
     python bench/experiments/deep_copy.py mnist_png mnist12
     for s in 0 1 2; do for d in mnist_png mnist12; do
         python train.py fit --data.root $d --budget 1min --seed_everything $s; done; done

@@ -4,7 +4,7 @@ probability (0, 1/3, 2/3, 1), no class folders. For K cross-validation folds it 
 the rest as training rows (the run splits its own stratified validation share off them). Folds are stratified by
 probability and cell type, seeded. Files are hard links (copies across file systems).
 
-    python ../shared/data/solar_cells.py wheels/elpv_dataset-1.0.0.post1-py3-none-any.whl cells4 --classes 4
+    python bench/data/solar_cells.py wheels/elpv_dataset-1.0.0.post1-py3-none-any.whl cells4 --classes 4
     python bench/experiments/elpv_labels.py cells4 cells_csv --folds 4
     python train.py fit --data.root cells_csv --data.labels cells_csv/labels_fold0.csv --budget 5min
 """

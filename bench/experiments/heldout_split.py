@@ -1,8 +1,8 @@
 """A held-out folder beside a to_folder.py folder: the last HELD of its VAL validation images (the same seeded order
-as ../shared/data/to_folder.py --seed 0) move to ROOT_heldout/<class>/, images that neither training nor the
+as bench/data/to_folder.py --seed 0) move to ROOT_heldout/<class>/, images that neither training nor the
 temperature fit will see.
 
-    python ../shared/data/to_folder.py fmnist60k.npz fmnist_png --val 15000
+    python bench/data/to_folder.py fmnist60k.npz fmnist_png --val 15000
     python bench/experiments/heldout_split.py fmnist60k.npz fmnist_png 15000 5000    # 45,000 / 10,000 / 5,000
 """
 

@@ -1,6 +1,6 @@
 """Compare label-issue rules offline on the snapshots of one `--find_label_issues true` run
 (bench/experiments/label_issues_snapshots.py), scored against the files moved on purpose (noise.json of
-../shared/data/long_tail.py --noise). A rule is a ranking (which files first) and a list length (how many are called
+bench/data/long_tail.py --noise). A rule is a ranking (which files first) and a list length (how many are called
 issues); the product's label_issues.csv is the first `length` files of the ranking. Printed: each ranking's precision
 at K (K = the number moved), each length rule's length, and each combination's top-K precision as scored by
 bench/experiments/label_issues_score.py (hits in the list's first K over K: a list shorter than K counts the shortfall as misses).

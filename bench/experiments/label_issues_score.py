@@ -1,4 +1,4 @@
-"""Score a label_issues.csv against the files moved on purpose (noise.json of ../shared/data/long_tail.py --noise):
+"""Score a label_issues.csv against the files moved on purpose (noise.json of bench/data/long_tail.py --noise):
 precision and recall of the top-K list, K = the number moved, against two baselines: random (precision = the noise
 rate) and the trained model's own loss ranking (the K training files with the highest loss in a vit-eval
 predictions.csv of the training folder).

@@ -3,7 +3,7 @@
 with both classes (one, when the two share it), as a labels file with a space-separated label list and a split
 column, the way fastai's and Kaggle's multi-label sets come.
 
-    python ../shared/data/fashion_mnist.py fmnist60k.npz
+    python bench/data/fashion_mnist.py fmnist60k.npz
     python bench/experiments/multilabel_pairs.py fmnist60k.npz fmnist_pairs --train 8000 --test 2000
     python train.py fit --data.root fmnist_pairs --data.labels fmnist_pairs/labels.csv --data.label_delimiter ' ' \
         --budget 5min

@@ -1,5 +1,5 @@
 """An (images, labels) .npz written as a torchvision MNIST-family dataset (root/<Class>/raw/*-idx?-ubyte), split as
-../shared/data/to_folder.py splits it (the same seeded permutation, the first VAL images held out as the "t10k"
+bench/data/to_folder.py splits it (the same seeded permutation, the first VAL images held out as the "t10k"
 split): `torch/mnist` or `torch/fashion_mnist` then holds the same images as the folder, for comparing the two paths.
 
 python bench/experiments/npz_to_idx.py ../shared/data/mnist10k.npz /tmp/torch_mnist MNIST --val 2000

@@ -1,0 +1,32 @@
+"""The docs name files that exist: every repository path (vit/, configs/, bench/, docs/, tests/) in the README and in
+docs/*.md, and every relative link, is there (globs match something)."""
+
+import glob
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PATH = re.compile(r"(?<![\w/.-])((?:vit|configs|bench|docs|tests)/[\w./*-]*[\w*])")
+LINK = re.compile(r"\]\(([^)#\s]+)")
+OUTPUTS = {"bench/gpu.jsonl"}  # written by a benchmark when it runs (bench/gpu.py on a GPU), named as its output
+
+
+def missing(doc: Path) -> list[str]:
+    text = doc.read_text()
+    named = set(PATH.findall(text)) | {
+        p for p in LINK.findall(text) if not p.startswith(("http:", "https:", "mailto:"))
+    }
+    out = []
+    for p in sorted(named - OUTPUTS):
+        target = ROOT / p if PATH.fullmatch(p) else doc.parent / p  # links are relative to their document
+        if not (target.exists() or glob.glob(str(target))):
+            out.append(p)
+    return out
+
+
+def test_every_file_the_readme_and_the_docs_name_exists(tmp_path):
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(ROOT.glob("bench/**/*.md"))]
+    assert {str(d.relative_to(ROOT)): missing(d) for d in docs if missing(d)} == {}
+    # the check finds a path that is not there, and a broken link
+    (tmp_path / "x.md").write_text("see `vit/nope.py` and [this](gone.md), [that](x.md), `configs/variants/*.yaml`\n")
+    assert missing(tmp_path / "x.md") == ["gone.md", "vit/nope.py"]
