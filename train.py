@@ -1,4 +1,4 @@
-"""Train a Vision Transformer: `python train.py` is the `vit-train` command (vit/cli.py).
+"""Train a Vision Transformer: `python train.py` is the `vit-train` command (vit/commands/train.py).
 
 python train.py                                        # CIFAR-10 with configs/cifar10.yaml
 python train.py --config configs/digits.yaml           # offline demo, about a minute on a 2-core CPU (= make train)
