@@ -199,7 +199,7 @@ def test_commands_sit_above_the_functions_they_call():
     assert below == [], below
 
 
-# The style guide's sizes (issue 40): a module past ~450 lines holds two ideas, a function past ~80 lines does too.
+# The style guide's sizes: a module past ~450 lines holds two ideas, a function past ~80 lines does too.
 MODULE_LINES, FUNCTION_LINES = 460, 80
 
 

@@ -39,7 +39,7 @@ MODELS = [(64, 3, 2), (96, 4, 3), (128, 6, 4), (192, 6, 3), (256, 8, 4)]
 # - small sets want epochs more than width: MNIST (8,000) in 5 minutes: 128x6 for 20 epochs 96.4%, 96x4 for ~45
 #   epochs 97.80-98.25% (3 seeds), 64x3 for 63 epochs 98.2%; hence 30 epochs before a model is taken;
 # - little augmentation for small sets: RandomResizedCrop from 35% + TrivialAugment cost MNIST 3 points (94.9%), and
-#   the first round's folder.yaml (that recipe) reached 33% on MNIST and 49% on the digits folder in the same budgets;
+#   the original folder.yaml (that recipe) reached 33% on MNIST and 49% on the digits folder in the same budgets;
 # - 30k-200k, measured on 50,000 28-px grayscale clothing images in 15 minutes (docs/recipes.md, "At 60,000
 #   images", seeds 0-2): the old rule (128x6 for 9-12 epochs here, crop from 35%, Random Erasing 0.25) 84.25-85.63%;
 #   64x3 for 59-64 epochs with crop from 80% and no erasing 91.51-91.78%; 96x4 for 27-30 epochs with the same light
