@@ -168,6 +168,11 @@ def test_command_writes_overlays_for_image_files(tmp_path, capsys):
     png = Image.open(tmp_path / "maps" / "a_attention.png")
     assert png.size == (64 + 4, 2 * 64 + 6)
     assert (tmp_path / "maps" / "a_heads_last_block.png").is_file()
+    # relevance by default, as vit-predict draws it; the rollout on request, on the device asked for
+    argv = ["--ckpt", str(tmp_path / "m.ckpt"), "--size", "64", "--device", "cpu", str(tmp_path / "a.png")]
+    assert attention_main([*argv, "--out", str(tmp_path / "ro"), "--attention-map", "rollout"]) == 0
+    rollout = np.asarray(Image.open(tmp_path / "ro" / "a_attention.png"))
+    assert rollout.shape == np.asarray(png).shape and not np.array_equal(rollout, np.asarray(png))
     # two files with one stem: two maps, neither overwritten
     (tmp_path / "other").mkdir()
     Image.open(tmp_path / "a.png").transpose(Image.Transpose.FLIP_TOP_BOTTOM).save(tmp_path / "other" / "a.png")

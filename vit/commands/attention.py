@@ -3,9 +3,10 @@
     vit-attention --ckpt checkpoints/digits/version_0/last.ckpt --out maps/ img1.png img2.png
     vit-attention faithfulness --ckpt checkpoints/digits/version_0/last.ckpt images/ --json
 
-The first writes `<stem>_attention.png` per image (the image above its rollout overlay; `<position>_<stem>_...` for a
-stem met before) and the per-head maps of the last block (vit.evaluation.attention_maps); `faithfulness` prints the
-deletion/insertion table of vit.evaluation.faithfulness.
+The first writes `<stem>_attention.png` per image (the image above its relevance overlay, as vit-predict draws it;
+`--attention-map rollout` for the rollout; `<position>_<stem>_...` for a stem met before) and the per-head maps of the
+last block (vit.evaluation.attention_maps); `faithfulness` prints the deletion/insertion table of
+vit.evaluation.faithfulness.
 """
 
 import argparse
@@ -18,7 +19,8 @@ from torchvision.utils import save_image
 
 from vit.data.images import expand_inputs, read_or_report
 from vit.data.transforms import eval_transform
-from vit.evaluation.attention_maps import attention_panels
+from vit.deployment.predict import pick_device
+from vit.evaluation.attention_maps import attention_panels, overlay_grid, relevance
 from vit.evaluation.calibration import probabilities
 from vit.evaluation.faithfulness import faithfulness
 from vit.model.checkpoint import load_model_or_report
@@ -30,6 +32,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ckpt", "--ckpt_path", dest="ckpt", required=True, help="a checkpoint written by train.py")
     ap.add_argument("--out", "--output", dest="out", required=True, help="folder for the PNGs (created)")
     ap.add_argument("--size", type=int, default=128, help="display size of each tile in pixels")
+    ap.add_argument(
+        "--attention-map",
+        dest="attention_map",
+        choices=["relevance", "rollout"],
+        default="relevance",
+        help="relevance: where the evidence for the predicted class is (as vit-predict draws); rollout: where "
+        "attention flows, for any class",
+    )
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("images", nargs="+", help="image files")
     return ap
 
@@ -44,26 +55,33 @@ def build_faithfulness_parser() -> argparse.ArgumentParser:
 
 
 def maps_main(argv: list[str]) -> int:
-    """Write `<stem>_attention.png` per image: the image above its rollout overlay, and the per-head maps."""
+    """Write `<stem>_attention.png` per image: the image above its relevance (or rollout) overlay, and the per-head
+    maps of the last block."""
     args = build_parser().parse_args(argv)
+    device = pick_device(args.device)
     loaded = load_model_or_report(args.ckpt)
     if loaded is None:
         return 2
     model, hp = loaded
+    model = model.to(device).eval()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tf = eval_transform(hp["img_size"], hp["mean"], hp["std"])
     names = hp.get("class_names") or [str(i) for i in range(model.num_classes)]
     done, used = 0, set()
     for i, (path, x) in enumerate(read_or_report(args.images, tf, hp["in_chans"])):
-        panels = attention_panels(model, x[None], hp["mean"], hp["std"], display_size=args.size)
+        x = x[None].to(device)
+        panels = attention_panels(model, x, hp["mean"], hp["std"], display_size=args.size)
+        picture = panels["rollout"]  # the image above its rollout overlay
+        if args.attention_map == "relevance":  # ... or above where the evidence for the predicted class is
+            picture = overlay_grid(x, relevance(model, x)[0], hp["mean"], hp["std"], args.size)
         # the calibrated probability, as vit-predict, vit-eval and vit-serve print it
         prob, idx = probabilities(panels["logits"], hp.get("temperature", 1.0))[0].max(-1)
         # <stem>_...; a stem met before (a/x.png, b/x.png) takes its position first, as vit-predict's maps do
         stem = Path(path).stem if Path(path).stem not in used else f"{i:05d}_{Path(path).stem}"
         used.add(stem)
         target = out / f"{stem}_attention.png"
-        save_image(panels["rollout"], target)
+        save_image(picture, target)
         save_image(panels["layers"][-1], out / f"{stem}_heads_last_block.png")
         print(f"{target}  predicted {names[idx]} ({prob:.2f})")
         done += 1

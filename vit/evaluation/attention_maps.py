@@ -237,6 +237,12 @@ def attention_panels(
     }
 
 
+def overlay_grid(x: torch.Tensor, heat: torch.Tensor, mean, std, display_size: int = 96, cmap: str = "inferno"):
+    """Normalised images x (B, C, H, W) and maps (B, gh, gw) -> a (3, ., .) grid: the images above their overlays."""
+    images = _resize(denormalize(x.float(), mean, std).cpu(), display_size)
+    return make_grid(torch.cat([images, overlay_batch(images, heat, cmap)]), nrow=len(images), padding=2, pad_value=1.0)
+
+
 def mean_distance_figure(distances: torch.Tensor, img_size: int | None = None):
     """The ViT paper's plot: mean attention distance (pixels) of every head against block depth. (L, H) -> Figure."""
     from matplotlib.figure import Figure

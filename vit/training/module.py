@@ -60,8 +60,8 @@ class ViTClassifier(L.LightningModule):
         ema_decay: keep an exponential moving average of the weights, updated every step with this decay (0: off;
             0.999 averages over ~1,000 steps), and use it for validation and in the saved checkpoints (what predict,
             export and serve load): Lightning's EMAWeightAveraging callback over vit/training/ema.py's DeviceEMA.
-        optimizer: "adamw", or "muon": Muon (vit.training.optim.MuonWithAdamW) for the blocks' 2D matrices and AdamW for the rest, at
-            the same lr and weight decay (vit/training/optim.py).
+        optimizer: "adamw", or "muon": Muon for the blocks' 2D matrices and AdamW for the rest, at the same lr and
+            weight decay (vit.training.optim.MuonWithAdamW).
         schedule: after warmup, "cosine" to `lr * min_lr_ratio`, or "wsd" (warmup-stable-decay): the peak lr until
             the last `WSD_DECAY` share of the steps, then linear down to `lr * min_lr_ratio`.
         resize_from: progressive resizing (0: off): train at this side first (a multiple of patch_size, below
