@@ -94,3 +94,20 @@ def test_class_paths_written_before_the_split_still_name_their_class(old, name):
     module, _, attr = old.rpartition(".")
     assert getattr(importlib.import_module(module), attr) is getattr(vit.data, name)  # how vit-eval does
     assert public_class_path(old) == f"vit.data.{name}"  # how the planner and the DDP memory budget compare them
+
+
+def test_module_paths_of_before_the_split_import_with_a_warning_naming_the_new_one():
+    """`from vit.interop import from_timm` (and every other top-level module of before the split) still works, and
+    says where the module lives now."""
+    import importlib
+
+    from vit import RENAMED_MODULES
+
+    for old, new in RENAMED_MODULES.items():
+        sys.modules.pop(old, None)  # imported by an earlier test: its warning is asked for again
+        with pytest.warns(DeprecationWarning, match=rf"^{old} is now {new}: import it from there$"):
+            assert importlib.import_module(old) is importlib.import_module(new)
+    with pytest.warns(DeprecationWarning, match="vit.interop is now vit.model.interop"):
+        sys.modules.pop("vit.interop")
+        from vit.interop import from_timm
+    assert from_timm is importlib.import_module("vit.model.interop").from_timm

@@ -23,13 +23,55 @@ __all__ = ["VisionTransformer"]
 # `class_path`s (vit.datasets.TorchvisionDataModule, ...): importing the old name gives the module that holds those
 # classes now, so such files keep loading. vit.data.<Name> of the old vit/data.py is served by vit/data/__init__.py.
 MOVED_MODULES = {"vit.datasets": "vit.data.torchvision_data", "vit.streaming": "vit.data.streaming"}
+# Modules that user code imported before the split (`from vit.interop import from_timm`): they keep working, with a
+# DeprecationWarning that names the new path.
+RENAMED_MODULES = {
+    f"vit.{old}": new
+    for old, new in {
+        "attention_maps": "vit.evaluation.attention_maps",
+        "augment": "vit.data.augment",
+        "calibration": "vit.evaluation.calibration",
+        "checkpoint": "vit.model.checkpoint",
+        "checkpoint_io": "vit.training.checkpoint_io",
+        "crops": "vit.data.crops",
+        "dataset_files": "vit.data.files",
+        "device_data": "vit.data.device",
+        "ema": "vit.training.ema",
+        "export": "vit.deployment.export",
+        "faithfulness": "vit.evaluation.faithfulness",
+        "images": "vit.data.images",
+        "interop": "vit.model.interop",
+        "label_issues": "vit.evaluation.label_issues",
+        "layers": "vit.model.layers",
+        "logit_adjustment": "vit.evaluation.logit_adjustment",
+        "metrics": "vit.training.metrics",
+        "module": "vit.training.module",
+        "moe": "vit.model.moe",
+        "nonfinite": "vit.training.nonfinite",
+        "optim": "vit.training.optim",
+        "plan": "vit.planning.plan",
+        "planned_run": "vit.planning.planned_run",
+        "predict": "vit.deployment.predict",
+        "serve": "vit.deployment.serve",
+        "sources": "vit.data.sources",
+        "timed_checkpoint": "vit.training.timed_checkpoint",
+        "tta": "vit.evaluation.tta",
+    }.items()
+}
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name, path=None, target=None):
-        return importlib.util.spec_from_loader(name, self) if name in MOVED_MODULES else None
+        moved = name in MOVED_MODULES or name in RENAMED_MODULES
+        return importlib.util.spec_from_loader(name, self) if moved else None
 
     def create_module(self, spec):
+        if spec.name in RENAMED_MODULES:
+            import warnings
+
+            new = RENAMED_MODULES[spec.name]
+            warnings.warn(f"{spec.name} is now {new}: import it from there", DeprecationWarning, stacklevel=2)
+            return importlib.import_module(new)
         return importlib.import_module(MOVED_MODULES[spec.name])
 
     def exec_module(self, module):
