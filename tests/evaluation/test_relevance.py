@@ -143,7 +143,8 @@ def test_curves_start_at_the_image_and_end_at_the_baseline():
 
 
 def test_the_faithfulness_command_prints_the_table_as_json(smoke_ckpt, tmp_path, capsys):
-    """`vit-attention faithfulness --ckpt CKPT DIR --json`: every map, both curves, areas in [0, 1]."""
+    """`vit-attention faithfulness --ckpt CKPT DIR --format json` (`--json`, its old name): every map, both curves,
+    areas in [0, 1]."""
     import json
 
     from PIL import Image
@@ -155,8 +156,10 @@ def test_the_faithfulness_command_prints_the_table_as_json(smoke_ckpt, tmp_path,
     for i in range(6):
         Image.fromarray((torch.rand(32, 32, 3) * 255).byte().numpy()).save(tmp_path / "imgs" / f"{i}.png")
     capsys.readouterr()
-    assert main(["faithfulness", "--ckpt", str(ckpt), str(tmp_path / "imgs"), "--json"]) == 0
+    assert main(["faithfulness", "--ckpt", str(ckpt), str(tmp_path / "imgs"), "--format", "json"]) == 0
     result = json.loads(capsys.readouterr().out)
+    assert main(["faithfulness", "--ckpt", str(ckpt), str(tmp_path / "imgs"), "--json"]) == 0  # the old name
+    assert json.loads(capsys.readouterr().out) == result
     assert set(result) == {"relevance", "rollout", "last_block", "center", "random"}
     assert all(set(r) == {"deletion", "insertion"} and all(0 <= v <= 1 for v in r.values()) for r in result.values())
     assert main(["faithfulness", "--ckpt", str(tmp_path / "nope.ckpt"), str(tmp_path / "imgs")]) == 2

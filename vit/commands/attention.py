@@ -1,7 +1,7 @@
 """`vit-attention`: where a trained model looks, for image files; and how faithful each map is.
 
     vit-attention --ckpt checkpoints/digits/version_0/last.ckpt --out maps/ img1.png img2.png
-    vit-attention faithfulness --ckpt checkpoints/digits/version_0/last.ckpt images/ --json
+    vit-attention faithfulness --ckpt checkpoints/digits/version_0/last.ckpt images/ --format json
 
 The first writes `<stem>_attention.png` per image (the image above its relevance overlay, as vit-predict draws it;
 `--attention-map rollout` for the rollout; `<position>_<stem>_...` for a stem met before) and the per-head maps of the
@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torchvision.utils import save_image
 
+from vit.commands.command_line import device_flag, model_flags
 from vit.data.images import expand_inputs, read_or_report
 from vit.data.transforms import eval_transform
 from vit.deployment.predict import pick_device
@@ -29,7 +30,7 @@ from vit.model.checkpoint import load_model_or_report
 def build_parser() -> argparse.ArgumentParser:
     """The command line (the README's commands are checked against it)."""
     ap = argparse.ArgumentParser(prog="vit-attention", description=maps_main.__doc__)
-    ap.add_argument("--ckpt", "--ckpt_path", dest="ckpt", required=True, help="a checkpoint written by train.py")
+    model_flags(ap)
     ap.add_argument("--out", "--output", dest="out", required=True, help="folder for the PNGs (created)")
     ap.add_argument("--size", type=int, default=128, help="display size of each tile in pixels")
     ap.add_argument(
@@ -40,17 +41,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="relevance: where the evidence for the predicted class is (as vit-predict draws); rollout: where "
         "attention flows, for any class",
     )
-    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    device_flag(ap)
     ap.add_argument("images", nargs="+", help="image files")
     return ap
 
 
 def build_faithfulness_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vit-attention faithfulness", description=faithfulness_main.__doc__)
-    ap.add_argument("--ckpt", "--ckpt_path", dest="ckpt", required=True, help="a checkpoint written by train.py")
+    model_flags(ap)
     ap.add_argument("folder", help="images (searched recursively)")
     ap.add_argument("--limit", type=int, default=500, help="at most this many images (sorted by path)")
-    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ap.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
+    ap.add_argument("--json", dest="format", action="store_const", const="json", help=argparse.SUPPRESS)  # old name
     return ap
 
 
@@ -103,7 +105,7 @@ def faithfulness_main(argv: list[str]) -> int:
     tf = eval_transform(hp["img_size"], hp["mean"], hp["std"])
     images = [x for _, x in read_or_report(paths, tf, hp["in_chans"])]
     result = faithfulness(model, torch.stack(images))
-    if args.json:
+    if args.format == "json":
         print(json.dumps(result, indent=2))
     else:
         print(f"{len(images)} images; deletion: lower is better, insertion: higher is better")

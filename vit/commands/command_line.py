@@ -1,11 +1,30 @@
-"""How `vit-train` reads its command line, timm-style: no subcommand means `fit`, `fit` without a config trains the
-product's main job (or your folder), config paths name the packaged configs, and a field that moved is named."""
+"""How the commands read their command lines: the flags the `vit-*` commands share, spelled once (`model_flags`,
+`device_flag`); and `vit-train`'s, timm-style: no subcommand means `fit`, `fit` without a config trains the product's
+main job (or your folder), config paths name the packaged configs, and a field that moved is named."""
 
+import argparse
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+CKPT_HELP = "checkpoint written by train.py (loaded as data, never as code)"
+
+
+def model_flags(ap: argparse.ArgumentParser, onnx_help: str | None = None) -> None:
+    """`--ckpt` (alias `--ckpt_path`, Lightning's name), required; with `onnx_help`, `--onnx FILE` instead of it."""
+    if onnx_help is None:
+        ap.add_argument("--ckpt", "--ckpt_path", dest="ckpt", required=True, help=CKPT_HELP)
+        return
+    model = ap.add_mutually_exclusive_group(required=True)
+    model.add_argument("--ckpt", "--ckpt_path", dest="ckpt", help=CKPT_HELP)
+    model.add_argument("--onnx", metavar="FILE", help=onnx_help)
+
+
+def device_flag(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when available")
+
+
 DEFAULT_CONFIG = "configs/cifar10.yaml"  # the product's main job
 FOLDER_CONFIG = "configs/folder.yaml"  # `--data.root PATH` without a config: your own images
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from vit.commands.command_line import device_flag, model_flags
 from vit.data.base import ImageClassificationData, whole_val_batches
 from vit.data.device import DeviceBatches
 from vit.data.images import expand_inputs
@@ -203,13 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vit-eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument(
-        "--ckpt",
-        "--ckpt_path",
-        dest="ckpt",
-        required=True,
-        help="checkpoint written by train.py (loaded as data, never as code)",
-    )
+    model_flags(ap)
     ap.add_argument("data", nargs="?", metavar="DATA", help="a folder of <class>/<image> files, or torch/<name>")
     ap.add_argument(
         "--split",
@@ -227,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-root", default="data", help="where torch/<name> datasets are (default data; no download)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--num-workers", type=int, default=None, help="decoding workers (default as vit-predict)")
-    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    device_flag(ap)
     ap.add_argument("--top-losses", type=int, default=16, help="how many of the worst images to show (1-25)")
     ap.add_argument("--raw-probs", action="store_true", help="the softmax as it was, without the fitted temperature")
     ap.add_argument(

@@ -20,6 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from vit.commands.command_line import model_flags
 from vit.deployment.export import export, export_timm, quantize_int8, sidecar
 from vit.model.checkpoint import load_model_or_report
 from vit.model.interop import InteropError
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vit-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--ckpt", "--ckpt_path", dest="ckpt", required=True)
+    model_flags(ap)
     ap.add_argument("--format", choices=("onnx", "torchscript", "timm"), required=True)
     ap.add_argument("--out", "--output", dest="out", required=True)
     ap.add_argument("--opset", type=int, default=18, help="ONNX opset (>= 14 for attention; default 18)")

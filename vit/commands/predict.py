@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from vit.commands.command_line import device_flag, model_flags
 from vit.data.images import expand_inputs
 from vit.deployment.onnx_model import OnnxError, load_onnx
 from vit.deployment.predict import predict
@@ -59,16 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vit-predict", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    model = ap.add_mutually_exclusive_group(required=True)
-    model.add_argument(
-        "--ckpt",
-        "--ckpt_path",
-        dest="ckpt",
-        help="checkpoint written by train.py (loaded as data, never as code)",
-    )
-    model.add_argument(
-        "--onnx", metavar="FILE", help="a model exported by vit-export (int8 or not), its FILE.json beside it; CPU"
-    )
+    model_flags(ap, onnx_help="a model exported by vit-export (int8 or not), its FILE.json beside it; CPU")
     ap.add_argument("--topk", type=int, default=5, help="how many classes per image (default 5)")
     ap.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     ap.add_argument("--out", "--output", dest="output", help="write the results to this file instead of stdout")
@@ -76,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--num-workers", type=int, default=None, help="decoding workers (default: cores - 1, at most 4, when batched)"
     )
-    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    device_flag(ap)
     ap.add_argument("--attention-out", metavar="DIR", help="also write an overlay PNG per image: where the model looks")
     ap.add_argument(
         "--attention-map",

@@ -23,6 +23,7 @@ from importlib import resources
 
 import torch
 
+from vit.commands.command_line import device_flag, model_flags
 from vit.deployment.onnx_model import OnnxError, load_onnx
 from vit.deployment.predict import pick_device
 from vit.model.checkpoint import CheckpointError, load_model
@@ -41,17 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vit-serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    model = ap.add_mutually_exclusive_group(required=True)
-    model.add_argument(
-        "--ckpt",
-        "--ckpt_path",
-        dest="ckpt",
-        help="checkpoint written by train.py (loaded as data, never as code)",
-    )
-    model.add_argument(
-        "--onnx",
-        metavar="FILE",
-        help="a model exported by vit-export (int8 or not) with FILE.json beside it, on the CPU; no maps",
+    model_flags(
+        ap, onnx_help="a model exported by vit-export (int8 or not) with FILE.json beside it, on the CPU; no maps"
     )
     ap.add_argument(
         "--host",
@@ -83,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=API_SERVERS,
         help=f"HTTP processes that read, check and decode uploads (default {API_SERVERS})",
     )
-    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    device_flag(ap)
     ap.add_argument("--max-body-mb", type=float, default=20.0, help="largest request body in MB (default 20)")
     ap.add_argument(
         "--max-pixels",
