@@ -199,6 +199,20 @@ def test_commands_sit_above_the_functions_they_call():
     assert below == [], below
 
 
+def test_commands_define_no_reusable_classes():
+    """vit/commands/ parses and calls: a class another command could use belongs to the package of its concern. The
+    one class left is vit-train's LightningCLI subclass, which is the command itself."""
+    import ast
+
+    classes = {
+        f"{path.name}:{node.name}"
+        for path in sorted((ROOT / "vit" / "commands").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+    }
+    assert classes == {"train.py:ViTCLI"}
+
+
 # The style guide's sizes: a module past ~450 lines holds two ideas, a function past ~80 lines does too.
 MODULE_LINES, FUNCTION_LINES = 460, 80
 

@@ -12,7 +12,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from vit.commands.eval import FileBatches, labelled_folder  # noqa: E402
+from vit.deployment.labelled import FileBatches, labelled_folder  # noqa: E402
 from vit.evaluation.label_issues import rank_label_issues  # noqa: E402
 from vit.evaluation.report import score  # noqa: E402
 from vit.model.checkpoint import load_model  # noqa: E402

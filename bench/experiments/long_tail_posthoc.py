@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from vit.commands.eval import FileBatches, training_data  # noqa: E402
+from vit.deployment.labelled import FileBatches, training_data  # noqa: E402
 from vit.evaluation.logit_adjustment import fit_tau, log_prior  # noqa: E402
 from vit.evaluation.report import score  # noqa: E402
 from vit.evaluation.scores import balanced_accuracy  # noqa: E402

@@ -289,7 +289,7 @@ def test_an_export_and_a_record_from_before_the_blocks_still_say_unknown_alike(
     import onnxruntime as ort
 
     import vit.deployment.export as export_module
-    from vit.commands.eval import FileBatches
+    from vit.deployment.labelled import FileBatches
     from vit.evaluation.unknown import features_of
 
     def head_features(model, x):  # what pooled_features returned before the blocks

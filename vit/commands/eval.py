@@ -14,22 +14,20 @@ vit-predict does. Exit status: 0 done, 1 done but some files were unreadable (li
 
 import argparse
 import csv
-import importlib
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
 
 from vit.commands.command_line import device_flag, model_flags
-from vit.data.base import ImageClassificationData, whole_val_batches
+from vit.data.base import whole_val_batches
 from vit.data.device import DeviceBatches
 from vit.data.images import expand_inputs
 from vit.data.transforms import DataError
-from vit.deployment.predict import ImageFiles, channel_stats, class_names, collate, normalize, pick_device
-from vit.evaluation.attention_maps import denormalize, overlay_batch, relevance
+from vit.deployment.labelled import FileBatches, labelled_folder, training_data
+from vit.deployment.predict import class_names, pick_device
+from vit.evaluation.galleries import label_issue_gallery, top_losses
 from vit.evaluation.report import (
     confusion_figure,
     metrics_of,
@@ -38,86 +36,12 @@ from vit.evaluation.report import (
     reliability_figure,
     report_html,
     score,
-    top_losses_figure,
     write_per_class,
     write_predictions,
 )
 from vit.evaluation.tta import SymmetryTTA, tta_views
 from vit.evaluation.unknown import FeatureTap, features_of, ood_report, rejection_report, unknown_scores
 from vit.model.checkpoint import CheckpointError, load_checkpoint, load_model_or_report
-
-
-class FileBatches:
-    """(normalised images, targets) batches of image files, decoded, batched and normalised as vit-predict does
-    (vit.deployment.predict.ImageFiles), so that every prediction equals vit-predict's. Unreadable files are reported on
-    stderr, left out, and listed in `.errors`; `.kept` lists the positions scored, in order."""
-
-    def __init__(self, files: list[str], targets: list[int], hparams: dict, batch_size: int, workers, device):
-        # targets: class indices, or a multi-label model's (N, C) 0/1 tensor
-        self.files, self.device = files, device
-        self.targets = targets if isinstance(targets, torch.Tensor) else torch.tensor(targets, dtype=torch.long)
-        if workers is None:  # as vit-predict: leave a core to the forward
-            workers = max(1, min(4, (os.cpu_count() or 2) - 1)) if len(files) > batch_size else 0
-        self.loader = DataLoader(
-            ImageFiles(files, hparams["img_size"], hparams.get("in_chans", 3)),
-            batch_size=batch_size,
-            num_workers=workers,
-            collate_fn=collate,
-            pin_memory=device.type == "cuda",
-        )
-        self.mean, self.std = channel_stats(hparams, device)
-        self.kept: list[int] = []
-        self.errors: list[tuple[str, str]] = []
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self):
-        for x, idx, errors in self.loader:
-            for i, err in errors:
-                self.errors.append((self.files[i], err))
-                print(f"{self.files[i]}: error: {err}", file=sys.stderr)
-            if x is not None:
-                self.kept.extend(idx)
-                yield normalize(x.to(self.device, non_blocking=True), self.mean, self.std), self.targets[idx]
-
-
-def labelled_folder(root: Path, classes: list[str]) -> tuple[list[str], list[int]]:
-    """Every image under root/<class>/ (recursively, in vit-predict's order) and its class index; a folder that is
-    not one of the checkpoint's classes, or an image outside any class folder, is a DataError naming it."""
-    if not root.is_dir():
-        raise DataError(f"{root}: not a folder (expected {root}/<class>/<image>, torch/<name> or --split val)")
-    index = {c: i for i, c in enumerate(classes)}
-    for sub in sorted(p for p in root.iterdir() if p.is_dir()):
-        if sub.name not in index:
-            shown = ", ".join(classes[:10]) + (", ..." if len(classes) > 10 else "")
-            raise DataError(f"{sub}: '{sub.name}' is not one of the checkpoint's {len(classes)} classes ({shown})")
-    files = expand_inputs([str(root)])
-    if not files:
-        raise DataError(f"{root}: no image files under {root}/<class>/")
-    targets = []
-    for f in files:
-        parts = Path(f).relative_to(root).parts
-        if len(parts) < 2:
-            raise DataError(f"{f}: not inside a class folder (expected {root}/<class>/<image>)")
-        targets.append(index[parts[0]])
-    return files, targets
-
-
-def training_data(path: str, ckpt: dict, hparams: dict):
-    """The data module a checkpoint was trained on, from its `data` record (vit.training.callbacks.DataRecord); only
-    this toolkit's own data classes are built, whatever the file names."""
-    record = ckpt.get("data")
-    if not isinstance(record, dict) or not isinstance(record.get("class_path"), str):
-        raise CheckpointError(f"{path}: holds no record of its training data (older than vit-eval): give a folder")
-    module, _, name = record["class_path"].rpartition(".")
-    cls = getattr(importlib.import_module(module), name, None) if module.split(".")[0] == "vit" else None
-    if not (isinstance(cls, type) and issubclass(cls, ImageClassificationData)):
-        raise CheckpointError(f"{path}: data class {record['class_path']!r} is not one of this toolkit's")
-    args = dict(record.get("init_args") or {})
-    if name == "ImageFolderDataModule":  # only the file lists: the files are decoded below, as vit-predict does
-        args.update(check_images=False, in_memory=False, mean=hparams["mean"], std=hparams["std"])
-    return cls(**args)
 
 
 def batches_for(args, ckpt: dict, hparams: dict, classes: list[str], device: torch.device):
@@ -152,52 +76,6 @@ def batches_for(args, ckpt: dict, hparams: dict, classes: list[str], device: tor
     files, targets = labelled_folder(Path(args.data), classes)
     fb = FileBatches(files, targets, hparams, args.batch_size, args.num_workers, device)
     return fb, lambda n: [fb.files[i] for i in fb.kept], fb, args.data
-
-
-def top_losses(model, scored, rows, classes, hparams, device, ids: list[str]) -> bytes:
-    """top_losses.png: each of the worst images with the relevance maps of its true and of its predicted class."""
-    x = scored.worst_images.to(device)
-    picked = scored.worst_rows
-    true, pred = rows["true"][picked], rows["pred"][picked]
-    images = denormalize(x.float(), hparams["mean"], hparams["std"]).cpu()
-    maps_true = overlay_batch(images, relevance(model, x, true.to(device))[0])
-    maps_pred = overlay_batch(images, relevance(model, x, pred.to(device))[0])
-    captions = [
-        f"{Path(ids[r]).name[:22]}\ntrue {classes[t]}, pred {classes[p]} {rows['prob'][r]:.2f}"
-        for r, t, p in zip(picked.tolist(), true.tolist(), pred.tolist())
-    ]
-    return png_bytes(top_losses_figure(images, maps_true, maps_pred, captions))
-
-
-def label_issue_gallery(ckpt: dict, hparams: dict, show: int = 16) -> tuple[bytes, int] | None:
-    """label_issues.png from the label_issues.csv of the checkpoint's run (`--find_label_issues true`), when that file
-    is there: the files most likely mislabelled, with their given and suggested class; and how many it lists."""
-    from vit.data.images import image_at, read_image
-    from vit.evaluation.label_issues import read_label_issues
-    from vit.evaluation.report import label_issues_figure
-
-    path = ckpt.get("label_issues")
-    if not isinstance(path, str) or not Path(path).is_file():
-        return None
-    rows = read_label_issues(Path(path))
-    pictures, captions = [], []
-    for r in rows:
-        if len(pictures) == show:
-            break
-        try:
-            img = image_at(read_image(r["path"], hparams.get("in_chans", 3)), hparams["img_size"])
-        except Exception:  # a file moved or deleted since training: shown by the others
-            continue
-        pictures.append(img.float() / 255 if img.dtype == torch.uint8 else img)
-        captions.append(
-            f"{Path(r['path']).name[:22]}\ngiven {r['given']}, suggested {r['suggested']} ({float(r['score']):.2f})"
-        )
-    if not pictures:
-        return None
-    images = torch.stack(pictures)
-    images = images.mean(1, keepdim=True) if images.shape[1] not in (1, 3) else images  # bands: their mean, grey
-    images = images.expand(-1, 3, -1, -1) if images.shape[1] == 1 else images
-    return png_bytes(label_issues_figure(images, captions, path)), len(rows)
 
 
 def build_parser() -> argparse.ArgumentParser:
