@@ -107,6 +107,8 @@ def test_a_5_band_tiff_folder_trains_predicts_and_exports_a_5_channel_model(in_t
     assert [len(r["predictions"]) for r in records[:4]] == [2, 2, 2, 2]
     assert "photo.png" in records[4]["path"] and "has 3 bands or fewer, and the model takes 5" in records[4]["error"]
     assert export_main(["--ckpt", ckpt, "--format", "onnx", "--out", str(in_tmp / "m.onnx")]) == 0
+    meta = json.loads((in_tmp / "m.onnx.json").read_text())  # the sidecar: another runtime keeps the 5 bands
+    assert next(s for s in meta["preprocess"] if s["step"] == "convert")["mode"] == "5 bands"
     session = ort.InferenceSession(str(in_tmp / "m.onnx"), providers=["CPUExecutionProvider"])
     assert session.get_inputs()[0].shape[1:] == [5, 16, 16]
     dm = cli.datamodule

@@ -260,7 +260,9 @@ def preprocess_spec(img_size: int, in_chans: int, mean, std) -> list[dict]:
             "background": list(WHITE),
             "how": "convert to RGBA, then alpha-composite over an opaque white image of the same size",
         },
-        {"step": "convert", "mode": mode, "how": f"PIL Image.convert('{mode}')"},
+        {"step": "convert", "mode": mode, "how": f"PIL Image.convert('{mode}')"}
+        if in_chans in (1, 3)
+        else {"step": "convert", "mode": f"{in_chans} bands", "how": "none: the TIFF's bands as wide_pixels read them"},
         {
             "step": "resize",
             "size": img_size,
