@@ -41,6 +41,8 @@ def test_a_12_bit_folder_normalises_as_its_8_bit_copy_and_keeps_levels_8_bits_wo
         x8, x12 = (torch.stack([dm.val_set[i][0] for i in range(len(dm.val_set))]) for dm in dms)
         torch.testing.assert_close(x12, x8, atol=2e-3, rtol=0)  # the model sees the same inputs
     assert dms[1].memory == {} and ImageFolderDataModule(str(tmp_path / "twelve"), img_size=16).wide
+    # the memory budget counts float pixels at four bytes a channel: the 12-bit folder needs 4x the 8-bit one's
+    assert dms[1].need_gb == pytest.approx(4 * dms[0].need_gb)
     # 12 bits over the whole range: 4096 levels kept (an 8-bit detour kept 16 of them for values < 4096)
     ramp = (np.arange(4096, dtype=np.uint16).reshape(64, 64),)
     for c in ("a", "b"):

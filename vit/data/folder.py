@@ -245,7 +245,7 @@ class ImageFolderDataModule(ImageClassificationData):
         split validation off the training images when the layout gives none."""
         listed = self.listing.splits
         n = sum(len(v) for v in listed.values())
-        need_gb = n * 3 * self.img_size**2 / 2**30
+        need_gb = self.need_gb = n * self.bytes_per_pixel() * self.img_size**2 / 2**30
         budget = default_memory_budget_gb() if max_memory_gb is None else max_memory_gb
         self.in_memory = need_gb <= budget if in_memory is None else in_memory
         if self.in_memory:
@@ -295,6 +295,19 @@ class ImageFolderDataModule(ImageClassificationData):
                 split: torch.tensor([self.listing.soft[p] for p, _ in items], dtype=torch.float32)
                 for split, items in self.samples.items()
             }
+
+    def bytes_per_pixel(self) -> int:
+        """What a stored pixel takes, from the first training image that decodes: its channels (3 for 8-bit files,
+        grey ones included, as they decode), four bytes each for float pixels (16-bit, multi-band); 3 if none does."""
+        for path, _ in self.listing.splits["train"][:20]:
+            try:
+                img = read_image(path, self.in_chans)
+            except Exception:  # reported with the reason when the folder is decoded
+                continue
+            if not isinstance(img, torch.Tensor):
+                return len(img.getbands())
+            return len(img) * (4 if img.is_floating_point() else 1)
+        return 3
 
     def targets_of(self, items: list[tuple[str, int]]) -> torch.Tensor:
         """The targets of (path, class) items: (N,) class indices, or for multi-label (N, C) 0/1 floats."""
