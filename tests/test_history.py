@@ -1,5 +1,5 @@
 """The project tells what it does, not how it came to be: no line of the docs, the code, the benchmarks or the tests
-names a round of work, a session or one of the project's issue numbers (history belongs in git log)."""
+names a round or a session of the work, or one of the project's issue numbers (history belongs in git log)."""
 
 import re
 import subprocess
@@ -8,8 +8,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ORDINALS = "first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|fourteenth"
 HISTORY = re.compile(
-    rf"\b(?:{ORDINALS}|this|that|previous|last|earlier|next) (?:session|round of work)s?\b"
-    r"|(?<!GitHub )\bissue #?\d+|\bthe issue's\b|\bround of work\b|\bsessions? (?:that|which) wrote\b",
+    # (written so that no line here matches itself: [ ] and ['] stand for a space and an apostrophe)
+    rf"\b(?:{ORDINALS}|this|that|previous|last|earlier|next)[ ](?:session|round[ ]of[ ]work)s?\b"
+    r"|(?<!GitHub )\bissue #?\d+|\bthe[ ]issue[']s\b|\bround[ ]of[ ]work\b|\bsessions?[ ](?:that|which)[ ]wrote\b",
     re.I,
 )
 SUFFIXES = (".md", ".py", ".yaml", ".toml", ".txt", ".cfg", ".html")
@@ -29,11 +30,13 @@ def test_no_line_tells_the_history_of_the_work(tmp_path):
     files = [
         ROOT / f for f in tracked if (f.endswith(SUFFIXES) or f == "Makefile") and not f.startswith("tests/legacy/")
     ]
-    assert history_lines([f for f in files if f.is_file() and f.name != "test_history.py"]) == []
+    assert history_lines([f for f in files if f.is_file()]) == []
     # the check finds each kind, and leaves a test session, a benchmark round and an upstream issue alone
+    # (the samples are written from parts, so that this file itself holds no such line)
+    session, issue = "ses" + "sion", "iss" + "ue"
     (tmp_path / "a.md").write_text(
-        "as the eighth session found\nthe issue's target\nsee issue 41\nfixed this session\n"
-        "one pytest session\neach round of the bench\nlitdata's GitHub issue 797\n"
+        f"as the eighth {session} found\nthe {issue}'s target\nsee {issue} 41\nfixed this {session}\n"
+        f"one pytest {session}\neach round of the bench\nlitdata's GitHub {issue} 797\n"
     )
     assert [line.split(": ", 1)[0] for line in history_lines([tmp_path / "a.md"])] == [
         "a.md:1",
