@@ -74,9 +74,7 @@ def load_image(
     # viewer applies it, so training, predict and serve do too (in place: no copy when there is none to apply).
     ImageOps.exif_transpose(img, in_place=True)
     if img.mode in WIDE_MODES:
-        arr = np.asarray(img, dtype=np.float32)
-        top = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0
-        return match_bands(torch.from_numpy(arr / top)[None], in_chans)
+        return match_bands(torch.from_numpy(wide_values(img).astype(np.float32))[None], in_chans)
     if in_chans not in (None, 1, 3):
         raise ValueError(f"an 8-bit {img.mode} image has 3 bands or fewer, and the model takes {in_chans}")
     return convert_image(img, in_chans or 3)
@@ -150,13 +148,17 @@ def match_bands(x: torch.Tensor, in_chans: int | None) -> torch.Tensor:
     raise ValueError(f"{c} bands, and the model takes {want}")  # the caller names the file
 
 
+def wide_values(img: Image.Image) -> np.ndarray:
+    """A wide grey image's values in [0, 1], float64: / 65535 for 16-bit modes (and for mode I past 255), else / 255."""
+    arr = np.asarray(img, dtype=np.float64)
+    return arr / (65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0)
+
+
 def convert_image(img: Image.Image, in_chans: int = 3) -> Image.Image:
-    """A decoded PIL image of any mode as 8-bit RGB (in_chans 3) or L (in_chans 1), as load_image returns it: the
-    one conversion for files and for the images a torchvision dataset hands out."""
+    """A decoded PIL image of any mode as 8-bit RGB (in_chans 3) or L (in_chans 1): load_image's conversion of 8-bit
+    files, and of every image a torchvision dataset hands out (a wide one scaled to 8 bits there)."""
     if img.mode in WIDE_MODES:
-        arr = np.asarray(img, dtype=np.float64)
-        top = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0
-        img = Image.fromarray(np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8))
+        img = Image.fromarray(np.clip(wide_values(img) * 255.0 + 0.5, 0, 255).astype(np.uint8))
     if img.mode in ALPHA_MODES:
         # A palette image may or may not carry transparency: through RGBA either way (opaque pixels are unchanged).
         img = Image.alpha_composite(Image.new("RGBA", img.size, (*WHITE, 255)), img.convert("RGBA"))
