@@ -36,15 +36,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vit.evaluation.unknown import (  # noqa: E402
-    ACCEPT,
-    DEFAULT_SCORE,
-    block_scale,
-    feature_stats,
-    pooled_features,
-    reject_threshold,
-    unknown_scores,
-)
+from vit.evaluation.unknown import features_of, rejection_record  # noqa: E402
 from vit.model.checkpoint import load_model  # noqa: E402
 from vit.model.config import ViTConfig  # noqa: E402
 from vit.model.vision_transformer import VisionTransformer  # noqa: E402
@@ -62,13 +54,9 @@ def random_checkpoint(name: str, folder: Path) -> Path:
     cfg = ViTConfig(num_classes=10, **MODELS[name])
     model = VisionTransformer(cfg).eval()
     hp = {"arch": cfg.to_dict(), "class_names": [str(i) for i in range(10)], "mean": [0.5] * 3, "std": [0.25] * 3}
-    with torch.inference_mode():
-        feats, logits = pooled_features(model, torch.randn(256, 3, cfg.img_size, cfg.img_size))
-    stats = block_scale(feature_stats(feats, torch.arange(256) % 10, 10), feats)
-    scores = unknown_scores(logits, feats, stats)
-    thresholds = {k: reject_threshold(v) for k, v in scores.items()}
-    unknown = {"score": DEFAULT_SCORE, "threshold": thresholds[DEFAULT_SCORE], "accept": ACCEPT,
-               "thresholds": thresholds, "stats": stats}  # fmt: skip
+    x = torch.randn(256, 3, cfg.img_size, cfg.img_size)
+    outputs = features_of(model, [(x, torch.arange(256) % 10)], torch.device("cpu"))
+    unknown = rejection_record(outputs, outputs, hp["class_names"])
     path = folder / f"{name}.ckpt"
     state = {f"model.{k}": v for k, v in model.state_dict().items()}
     torch.save({"state_dict": state, "hyper_parameters": hp, "unknown": unknown}, path)

@@ -2,6 +2,7 @@
 validation set, and every output that carries it (vit-predict table/JSON/CSV, vit-eval, the ONNX sidecar); older
 checkpoints never say unknown."""
 
+import csv
 import json
 import math
 import shutil
@@ -18,15 +19,18 @@ from vit.commands.predict import main as predict_main
 from vit.evaluation.unknown import (
     ACCEPT,
     DEFAULT_SCORE,
+    MIN_CLASS_IMAGES,
     SCORES,
     Rejector,
     accept_threshold,
     auroc,
     block_scale,
+    class_thresholds,
     feature_stats,
     fpr_at_tpr,
     pooled_features,
     reject_threshold,
+    thresholds_of,
     unknown_scores,
 )
 from vit.model import VisionTransformer, ViTConfig
@@ -147,6 +151,85 @@ def test_the_stored_threshold_rejects_at_most_5_percent_of_new_images_like_the_v
     assert reject_threshold(torch.arange(10.0)) == 0.0  # under 19 images: only what lies below them all
 
 
+def test_each_class_loses_at_most_about_5_percent_with_its_own_threshold_where_the_shared_one_fails_it():
+    """Three classes whose genuine images score differently (a class the model finds unusual, as the defective cells
+    or one clothing class that lost 21.8% at the shared threshold): the shared threshold keeps 5% on average and takes
+    far more of the low class; each class's own threshold (by predicted class) keeps each near 5% on new images."""
+    g = torch.Generator().manual_seed(0)
+    shift = torch.tensor([0.0, 2.0, -3.0])  # class 2's genuine images score lower
+    n_val, n_new = 600, 20000
+
+    def draw(n):
+        c = torch.randint(0, 3, (n,), generator=g)
+        logits = torch.nn.functional.one_hot(c, 3).float() * 5  # predicted = the class
+        return shift[c] + torch.randn(n, generator=g), logits, c
+
+    val_s, val_logits, _ = draw(n_val)
+    new_s, new_logits, new_c = draw(n_new)
+    shared = {"threshold": reject_threshold(val_s)}
+    per_class = {**shared, "class_thresholds": class_thresholds(val_s, val_logits.argmax(-1), 3)}
+    lost_shared = [float((new_s < thresholds_of(shared, new_logits))[new_c == c].double().mean()) for c in range(3)]
+    lost_own = [float((new_s < thresholds_of(per_class, new_logits))[new_c == c].double().mean()) for c in range(3)]
+    assert max(lost_shared) > 0.15  # the low class pays for the others
+    assert max(lost_own) <= 0.08 and min(lost_own) >= 0.01, lost_own
+    # a class predicted for fewer than MIN_CLASS_IMAGES validation images keeps the shared threshold
+    few = torch.cat([torch.zeros(MIN_CLASS_IMAGES), torch.ones(MIN_CLASS_IMAGES - 1)]).long()
+    assert class_thresholds(torch.randn(len(few), generator=g), few, 3)[1:] == [None, None]
+    mixed = {"threshold": -9.0, "class_thresholds": [1.0, None, 2.0]}
+    assert thresholds_of(mixed, torch.eye(3)).tolist() == [1.0, -9.0, 2.0]
+    assert thresholds_of({"threshold": 0.5}, torch.eye(3)).tolist() == [0.5] * 3  # a record from before: shared
+
+
+def test_the_input_statistics_tell_blurred_low_resolution_constant_and_noised_images_from_the_originals():
+    """The "input" score: the Mahalanobis distance of each image's pixel statistics to the training images'. Images
+    with strokes (random lines on black, as digits): blurred, downsampled and upsampled, constant and noised copies
+    of new ones each score below the new originals; the fused score is the sum of its standardised parts."""
+    import torchvision.transforms.v2.functional as TF
+
+    from vit.evaluation.unknown import fusion_of, input_statistics, record_scores
+
+    g = torch.Generator().manual_seed(0)
+
+    def strokes(n):  # (n, 1, 32, 32) in [0, 1]: a few bright lines each
+        x = torch.zeros(n, 1, 32, 32)
+        for i in range(n):
+            for _ in range(3):
+                r, c = torch.randint(4, 28, (2,), generator=g).tolist()
+                if torch.rand(1, generator=g) < 0.5:
+                    x[i, 0, r, c - 4 : c + 4] = 1
+                else:
+                    x[i, 0, r - 4 : r + 4, c] = 1
+        return x
+
+    train, new = strokes(400), strokes(200)
+    stats = feature_stats(torch.randn(400, 8), torch.zeros(400, dtype=torch.long), 1, inputs=input_statistics(train))
+    score = lambda x: unknown_scores(torch.zeros(len(x), 1), None, stats, inputs=input_statistics(x))["input"]  # noqa: E731
+    inside = score(new)
+    kinds = {
+        "blur": TF.gaussian_blur(new, [9, 9], [2.0, 2.0]),
+        "lowres": TF.resize(TF.resize(new, [8, 8], antialias=True), [32, 32]),
+        "constant": torch.rand(200, 1, 1, 1, generator=g).expand_as(new),
+        "noise": (new + 0.3 * torch.randn(new.shape, generator=g)).clamp(0, 1),
+    }
+    for kind, x in kinds.items():
+        assert auroc(inside, score(x)) > 0.95, kind
+    assert input_statistics(kinds["constant"])[:, 1].max() < -9  # log(std + 1e-4): no -inf, far below any stroke's
+    other = {"msp": torch.randn(50, generator=g) * 3 + 1, "energy": torch.randn(50, generator=g) * 0.1}
+    record = {"score": "energy+msp", "fusion": fusion_of(other, "energy+msp"), "stats": {}}
+    logits = torch.randn(50, 3, generator=g)
+    got = record_scores(record, logits, None, None)
+    z = lambda v: (v - v.mean()) / v.std()  # noqa: E731
+    torch.testing.assert_close(
+        record_scores(record, logits, None, None)["energy+msp"],
+        (got["energy"] - record["fusion"]["center"][0]) / record["fusion"]["spread"][0]
+        + (got["msp"] - record["fusion"]["center"][1]) / record["fusion"]["spread"][1],
+    )
+    record["fusion"] = fusion_of(got, "energy+msp")  # standardised on these very scores: each part mean 0, spread 1
+    torch.testing.assert_close(
+        record_scores(record, logits, None, None)["energy+msp"], z(got["energy"]) + z(got["msp"])
+    )
+
+
 def _noise_folder(folder, n=24, size=32):
     folder.mkdir(exist_ok=True)
     rng = np.random.default_rng(0)
@@ -159,7 +242,9 @@ def test_fit_stores_a_threshold_that_accepts_95_percent_of_validation(smoke_run,
     model, hp = load_model(smoke_ckpt)
     record = hp["unknown"]
     assert record["score"] == DEFAULT_SCORE and record["accept"] == ACCEPT
-    assert set(record["thresholds"]) == set(SCORES)  # every candidate, for vit-eval --ood to compare
+    assert set(record["thresholds"]) == {*SCORES, DEFAULT_SCORE}  # every candidate, for vit-eval --ood to compare
+    parts = DEFAULT_SCORE.split("+")  # a fused default: each part standardised on the validation images
+    assert len(parts) == 1 or len(record["fusion"]["center"]) == len(record["fusion"]["spread"]) == len(parts)
     assert {"msp", "energy", "mahalanobis", "normalized_mahalanobis", "knn"} <= set(SCORES)
     assert record["stats"]["means"].shape == (10, model.cfg.embed_dim)
     # vit-eval on the same validation split: 5% rejected (the threshold's quantile), every class reported
@@ -167,10 +252,23 @@ def test_fit_stores_a_threshold_that_accepts_95_percent_of_validation(smoke_run,
                       "--ood", str(_noise_folder(tmp_path / "noise"))]) == 0  # fmt: skip
     metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
     rejected = metrics["unknown"]["rejected"]
-    # split conformal: the k-th lowest of n validation scores, k = floor(0.05 (n + 1)); the k - 1 below it rejected
-    n = metrics["n"]
-    assert rejected == pytest.approx((math.floor((1 - ACCEPT) * (n + 1)) - 1) / n), rejected
+    # split conformal: the k-th lowest of n validation scores, k = floor(0.05 (n + 1)); the k - 1 below it rejected,
+    # counted in each predicted class with its own threshold, and among the rest with the shared one
+    with open(tmp_path / "ev" / "predictions.csv") as f:
+        predicted = [r["pred"] for r in csv.DictReader(f)]
+    own = {hp["class_names"][c] for c, t in enumerate(record["class_thresholds"]) if t is not None}
+    groups = [predicted.count(c) for c in own] + [sum(p not in own for p in predicted)]
+    want = sum(max(0, math.floor((1 - ACCEPT) * (n + 1)) - 1) for n in groups if n)
+    assert own and rejected * metrics["n"] == pytest.approx(want) and rejected <= 1 - ACCEPT, (rejected, groups)
     assert len(metrics["unknown"]["rejected_per_class"]) == 10
+    # per-class thresholds: one entry per class, those with too few validation images sharing (and listed)
+    assert len(record["class_thresholds"]) == 10
+    names = hp["class_names"]
+    shared = [names[c] for c, t in enumerate(record["class_thresholds"]) if t is None]
+    assert record["shared_threshold_classes"] == shared
+    page = (tmp_path / "ev" / "index.html").read_text()
+    assert "<h2>Unknown</h2>" in page and "called unknown" in page
+    assert f"{100 * metrics['ood']['rejected_by_the_checkpoint']:.1f}%</b> of the --ood images" in page
     ood = metrics["ood"]
     assert set(ood) >= {"msp", "energy", "relative_mahalanobis", "normalized_mahalanobis", "knn",
                         "rejected_by_the_checkpoint"}  # fmt: skip
@@ -189,7 +287,17 @@ def test_predict_and_the_onnx_export_say_unknown_alike(smoke_ckpt, smoke_onnx, t
     record = hp["unknown"]
     sidecar = json.loads(Path(f"{smoke_onnx}.json").read_text())["unknown"]  # vit-export's (the session's)
     assert sidecar["score"] == record["score"] and sidecar["threshold"] == record["threshold"]
-    assert set(sidecar["stats"]) == {"block_means", "block_precision", "block_center", "block_spread"}
+    assert set(sidecar["stats"]) == {
+        "block_means",
+        "block_precision",
+        "block_center",
+        "block_spread",
+        "input_mean",
+        "input_precision",
+        "means",
+        "precision",
+    }  # the default's three parts' only
+    assert sidecar["fusion"] == record["fusion"] and sidecar["class_thresholds"] == record["class_thresholds"]
     assert np.allclose(sidecar["stats"]["block_precision"], record["stats"]["block_precision"].numpy())
     capsys.readouterr()
     assert predict_main(["--onnx", str(smoke_onnx), "--format", "json", *files]) == 0
@@ -208,15 +316,50 @@ def test_a_threshold_between_two_images_marks_the_lower_one_in_the_table(smoke_c
     msp = [r["predictions"][0]["prob"] for r in predict(model, files, hp, raw_probs=True, progress=False)]
     assert msp[0] != msp[1]
     ckpt = load_checkpoint(smoke_ckpt)
-    ckpt["unknown"] = {**ckpt["unknown"], "score": "msp", "threshold": float(sum(msp) / 2), "stats": {}}
+    ckpt["unknown"] = {**ckpt["unknown"], "score": "msp", "threshold": float(sum(msp) / 2), "stats": {},
+                       "class_thresholds": None}  # fmt: skip
     torch.save(ckpt, tmp_path / "split.ckpt")
     capsys.readouterr()
     assert predict_main(["--ckpt", str(tmp_path / "split.ckpt"), *files]) == 0
     rows = capsys.readouterr().out.splitlines()[1:]
     assert [("UNKNOWN" in row) for row in rows] == [m == min(msp) for m in msp]
     assert Rejector({"score": "msp", "threshold": 0.6, "stats": {}})(
-        torch.tensor([[9.0, 0.0], [0.0, 0.0]]), None
+        torch.tensor([[9.0, 0.0], [0.0, 0.0]]), None, None
     ).tolist() == [False, True]
+
+
+def test_a_class_threshold_applies_to_the_images_predicted_as_that_class_in_predict_and_the_export(
+    smoke_ckpt, tmp_path, capsys
+):
+    from sklearn.datasets import load_digits  # the smoke run's own kind of images: predicted as several classes
+
+    files = []
+    for i, d in enumerate(load_digits().images[:12]):
+        files.append(str(tmp_path / f"digit{i}.png"))
+        Image.fromarray((d * 255 / 16).astype(np.uint8)).resize((32, 32)).save(files[-1])
+    capsys.readouterr()
+    assert predict_main(["--ckpt", str(smoke_ckpt), "--format", "json", *files]) == 0
+    predicted = [r["predictions"][0]["label"] for r in json.loads(capsys.readouterr().out)]
+    ckpt = load_checkpoint(smoke_ckpt)
+    names = ckpt["hyper_parameters"]["class_names"]
+    strict = names.index(predicted[0])  # every image predicted as this class is unknown, no other image is
+    per_class = [math.inf if c == strict else None for c in range(len(names))]
+    ckpt["unknown"] = {**ckpt["unknown"], "threshold": -math.inf, "class_thresholds": per_class}
+    torch.save(ckpt, tmp_path / "per_class.ckpt")
+    want = [p == names[strict] for p in predicted]
+    assert any(want) and not all(want), predicted  # both kinds, or the test could not tell per class from shared
+    assert predict_main(["--ckpt", str(tmp_path / "per_class.ckpt"), "--format", "json", *files]) == 0
+    assert [r["unknown"] for r in json.loads(capsys.readouterr().out)] == want
+    onnx = tmp_path / "m.onnx"
+    assert export_main(["--ckpt", str(tmp_path / "per_class.ckpt"), "--format", "onnx", "--out", str(onnx)]) == 0
+    assert json.loads(Path(f"{onnx}.json").read_text())["unknown"]["class_thresholds"][strict] == math.inf
+    capsys.readouterr()
+    assert predict_main(["--onnx", str(onnx), "--format", "json", *files]) == 0
+    assert [r["unknown"] for r in json.loads(capsys.readouterr().out)] == want
+    ckpt["unknown"]["class_thresholds"] = [0.5]  # not one per class
+    torch.save(ckpt, tmp_path / "bad.ckpt")
+    with pytest.raises(CheckpointError, match=r"bad.ckpt: its 'unknown' class_thresholds must be 10 numbers or nulls"):
+        load_model(tmp_path / "bad.ckpt")
 
 
 def test_old_checkpoints_never_say_unknown_and_a_broken_record_is_one_line(smoke_ckpt, tmp_path, capsys):
@@ -298,7 +441,7 @@ def test_an_export_and_a_record_from_before_the_blocks_still_say_unknown_alike(
 
     files = sorted(map(str, _noise_folder(tmp_path / "noise", n=8).glob("*.png")))
     model, hp = load_model(smoke_ckpt)
-    feats, logits, _ = features_of(model, FileBatches(files, [0] * 8, hp, 8, 0, torch.device("cpu")), "cpu")
+    feats, logits, _, _ = features_of(model, FileBatches(files, [0] * 8, hp, 8, 0, torch.device("cpu")), "cpu")
     ckpt = load_checkpoint(smoke_ckpt)
     stats = {k: ckpt["unknown"]["stats"][k] for k in ("means", "precision")}
     scores = unknown_scores(logits, feats[:, -1], stats, names=("mahalanobis",))["mahalanobis"]

@@ -40,7 +40,7 @@ from vit.evaluation.report import (
     write_predictions,
 )
 from vit.evaluation.tta import SymmetryTTA, tta_views
-from vit.evaluation.unknown import FeatureTap, features_of, ood_report, rejection_report, unknown_scores
+from vit.evaluation.unknown import FeatureTap, features_of, ood_report, record_scores, rejection_report
 from vit.model.checkpoint import CheckpointError, load_checkpoint, load_model_or_report
 
 
@@ -146,12 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = prediction_rows(scored.logits, scored.targets, temperature)
     metrics = metrics_of(rows, classes, temperature)
     metrics["skipped"] = [{"path": p, "error": e} for p, e in (files.errors if files else [])]
-    record, feats = hparams.get("unknown"), torch.cat(tap.feats) if tap is not None else None
+    record = hparams.get("unknown")
+    feats, inputs = (torch.cat(tap.feats), torch.cat(tap.inputs)) if tap is not None else (None, None)
     if tap is not None and record is not None:
-        metrics["unknown"] = rejection_report(scored.logits, feats, scored.targets, record, classes)
+        metrics["unknown"] = rejection_report(scored.logits, feats, inputs, scored.targets, record, classes)
     if outside is not None:
-        inside = unknown_scores(scored.logits, feats, (record or {}).get("stats"))
-        metrics["ood"] = ood_report(inside, outside, record)
+        inside = record_scores(record, scored.logits, feats, inputs)
+        outside_scores, outside_logits = outside
+        metrics["ood"] = ood_report(inside, outside_scores, record, outside_logits)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -231,13 +233,14 @@ def eval_multilabel(args, model, hparams: dict, ckpt: dict, classes: list[str], 
 
 
 def ood_scores(args, model, hparams: dict, device) -> dict:
-    """Every score that the checkpoint allows on the images of --ood DIR (any layout: none of them is of a class)."""
+    """Every score that the checkpoint allows on the images of --ood DIR (any layout: none of them is of a class), and
+    their logits."""
     files = expand_inputs([args.ood])
     if not files:
         raise DataError(f"--ood {args.ood}: no image files there")
     fb = FileBatches(files, [0] * len(files), hparams, args.batch_size, args.num_workers, device)
-    feats, logits, _ = features_of(model, progress(fb), device)
-    return unknown_scores(logits, feats, (hparams.get("unknown") or {}).get("stats"))
+    feats, logits, _, inputs = features_of(model, progress(fb), device)
+    return record_scores(hparams.get("unknown"), logits, feats, inputs), logits
 
 
 def unknown_lines(metrics: dict) -> str:
@@ -250,16 +253,16 @@ def unknown_lines(metrics: dict) -> str:
             + (f"{100 * accepted:.2f}%\n" if accepted is not None else "-\n")
         )
     if (ood := metrics.get("ood")) is not None:
-        text += "--ood: score                  AUROC  FPR@95%TPR\n"
+        width = max(22, *(len(name) for name in ood))
+        text += f"--ood: {'score':<{width}} AUROC  FPR@95%TPR\n"
         text += "".join(
-            f"       {name:<22} {r['auroc']:.4f} {r['fpr_at_95_tpr']:.4f}\n"
+            f"       {name:<{width}} {r['auroc']:.4f} {r['fpr_at_95_tpr']:.4f}\n"
             for name, r in ood.items()
             if isinstance(r, dict)
         )
         if "rejected_by_the_checkpoint" in ood:
-            text += (
-                f"       the checkpoint's threshold rejects {100 * ood['rejected_by_the_checkpoint']:.1f}% of them\n"
-            )
+            share = 100 * ood["rejected_by_the_checkpoint"]
+            text += f"       the checkpoint's thresholds call {share:.1f}% of them unknown\n"
     return text
 
 

@@ -111,9 +111,12 @@ def unknown_sidecar(record: dict | None) -> dict | None:
     needs = {"mahalanobis": ("means", "precision"), "knn": ("bank",),
              "relative_mahalanobis": ("means", "precision", "background_mean", "background_precision"),
              "normalized_mahalanobis": ("normalized_means", "normalized_precision"),
-             "block_mahalanobis": ("block_means", "block_precision", "block_center", "block_spread")}  # fmt: skip
-    stats = {k: record["stats"][k].tolist() for k in needs.get(record["score"], ())}
-    return {"score": record["score"], "threshold": record["threshold"], "stats": stats}
+             "block_mahalanobis": ("block_means", "block_precision", "block_center", "block_spread"),
+             "input": ("input_mean", "input_precision")}  # fmt: skip
+    keys = [k for part in record["score"].split("+") for k in needs.get(part, ())]  # a fused score: every part's
+    stats = {k: record["stats"][k].tolist() for k in keys}
+    return {"score": record["score"], "threshold": record["threshold"], "stats": stats, "fusion": record.get("fusion"),
+            "class_thresholds": record.get("class_thresholds")}  # fmt: skip
 
 
 def export_timm(model: torch.nn.Module, hparams: dict, out: str | Path) -> Path:

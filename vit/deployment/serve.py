@@ -30,7 +30,7 @@ from vit.data.images import describe, image_at, read_image, same_dtype
 from vit.deployment.onnx_model import load_onnx
 from vit.deployment.predict import channel_stats, class_names, labels_above, map_and_logits, normalize, top_k
 from vit.evaluation.attention_maps import denormalize, overlay
-from vit.evaluation.unknown import Rejector
+from vit.evaluation.unknown import Rejector, input_statistics
 from vit.model.checkpoint import load_model
 
 MAPS = ("none", "relevance", "rollout")
@@ -322,7 +322,9 @@ class ViTAPI(ls.LitAPI):
         x = normalize(x, self.mean, self.std)  # (B, C, S, S)
         with torch.inference_mode():
             logits, feats = self.reject.forward(self.model, x)
-        unknown = self.reject(logits, feats).tolist()  # the checkpoint's rejection; False without one
+        unknown = self.reject(
+            logits, feats, input_statistics(x)
+        ).tolist()  # the checkpoint's rejection; False without one
         k_max = max(k for _, k, _, _ in items)
         if self.hparams.get("task") == "multilabel":  # each label's sigmoid, and the labels above their thresholds
             top, given = labels_above(logits, self.names, k_max, self.hparams["thresholds"])
@@ -364,7 +366,9 @@ def server_info(ckpt: str | Path, hparams: dict) -> dict:
         "checkpoint": Path(ckpt).name,  # the file's name only: where it lives on the server is no client's business
         "temperature": hparams.get("temperature", 1.0),  # probabilities are softmax(logits / temperature); ?raw=1
         # the score that says "unknown" (vit/evaluation/unknown.py) and its threshold; null: never unknown
-        "unknown": {k: hparams["unknown"][k] for k in ("score", "threshold")} if hparams.get("unknown") else None,
+        "unknown": {k: hparams["unknown"].get(k) for k in ("score", "threshold", "class_thresholds")}
+        if hparams.get("unknown")
+        else None,
         # "multilabel": several labels an image, each given at or above its threshold (then under "labels")
         "task": hparams.get("task") or "multiclass",
         "thresholds": hparams.get("thresholds"),

@@ -13,15 +13,7 @@ from vit.evaluation.logit_adjustment import adjust_checkpoints
 from vit.evaluation.map_callback import add_png
 from vit.evaluation.report import confusion_figure, figure_pixels
 from vit.evaluation.scores import balanced_accuracy
-from vit.evaluation.unknown import (
-    ACCEPT,
-    DEFAULT_SCORE,
-    block_scale,
-    feature_stats,
-    features_of,
-    reject_threshold,
-    unknown_scores,
-)
+from vit.evaluation.unknown import ACCEPT, features_of, rejection_record
 
 
 def adjust_after_fit(paths: list[str], dm: ImageClassificationData, device: torch.device) -> str | None:
@@ -54,8 +46,8 @@ def measure_after_fit(paths: list[str], dm: ImageClassificationData, device: tor
         state = model.state_dict()
         found = next((m for seen, m in done if _same_weights(seen, state)), None)
         if found is None:
-            val = features_of(model, whole_val_batches(dm), device)  # (N, L + 1, D), (N, C), (N,)
-            _, logits, targets = val
+            val = features_of(model, whole_val_batches(dm), device)  # (N, L + 1, D), (N, C), (N,), (N, 5)
+            _, logits, targets, _ = val
             found = {
                 "calibration": calibration_report(logits, targets, fit_temperature(logits, targets)),
                 "unknown": _unknown_record(model, train, dm, device, val),
@@ -115,9 +107,17 @@ def soft_label_line(best: dict, dm: ImageClassificationData, tb: TensorBoardLogg
 def unknown_line(best: dict) -> str:
     """What fit prints of the best checkpoint's rejection record (measure_after_fit)."""
     record = best["unknown"]
+    shared = record.get("shared_threshold_classes") or []
+    own = sum(t is not None for t in record.get("class_thresholds") or [])
     return (
-        f"unknown: {record['score']} below its threshold says 'unknown' (set on the validation images to accept at "
-        f"least {ACCEPT:.0%} of images like them); {len(record['thresholds'])} scores stored for vit-eval --ood"
+        f"unknown: {record['score']} below its predicted class's threshold says 'unknown' (set on the validation "
+        f"images to accept at least {ACCEPT:.0%} of each class's images like them; {own} classes with their own, "
+        + (
+            f"{', '.join(shared[:5])}{' ...' if len(shared) > 5 else ''} with too few images: the shared one"
+            if shared
+            else "none shared"
+        )
+        + f"); {len(record['thresholds'])} scores stored for vit-eval --ood"
     )
 
 
@@ -224,19 +224,7 @@ def _same_weights(a: dict, b: dict) -> bool:
 
 
 def _unknown_record(model, train, dm: ImageClassificationData, device: torch.device, val: tuple) -> dict:
-    """One model's rejection record: the pooled features' statistics on the training images (no augmentation), every
-    score's threshold from its validation outputs `val` (features, logits, targets), so that at most 1 - ACCEPT of new
-    images like them is rejected (never from the training ones, which the model has fitted); vit-predict, vit-serve,
-    vit-eval and the ONNX sidecar apply the DEFAULT_SCORE's (vit/evaluation/unknown.py)."""
-    stats = None
-    if train is not None:
-        feats, _, targets = features_of(model, train, device)
-        stats = feature_stats(feats, targets, dm.num_classes)
-    feats, logits, _ = val
-    if stats is not None:
-        stats = block_scale(stats, feats)
-    scores = unknown_scores(logits, feats, stats)
-    thresholds = {name: reject_threshold(s) for name, s in scores.items()}
-    score = DEFAULT_SCORE if DEFAULT_SCORE in thresholds else "energy"
-    return {"score": score, "threshold": thresholds[score], "accept": ACCEPT, "thresholds": thresholds,
-            "stats": stats or {}}  # fmt: skip
+    """One model's rejection record (vit.evaluation.unknown.rejection_record) from its outputs on the training images
+    (no augmentation; none for a stream) and on the validation images `val` (features_of's four)."""
+    outputs = features_of(model, train, device) if train is not None else None
+    return rejection_record(outputs, val, list(dm.class_names))

@@ -351,6 +351,43 @@ def _table(header: list[str], rows: list[list], marked: frozenset = frozenset())
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def unknown_section(metrics: dict) -> str:
+    """The page's "Unknown" part: what the checkpoint's rejection did to each class of this set, and with --ood how
+    each score tells the set from the other images and how many of those the stored thresholds call unknown."""
+    u, ood = metrics.get("unknown"), metrics.get("ood")
+    if u is None and ood is None:
+        return ""
+    text = "<h2>Unknown</h2>"
+    if u is not None:
+        # the classes that lose more than twice the promised share, in the warning colour
+        rows = [[name, "-" if v is None else f"{100 * v:.1f}%"] for name, v in u["rejected_per_class"].items()]
+        low = frozenset(i for i, v in enumerate(u["rejected_per_class"].values()) if v is not None and v > 0.10)
+        text += (
+            f"<p>{html.escape(u['score'])} below the predicted class's threshold: {100 * u['rejected']:.1f}% of these "
+            "images called unknown, by class:</p>" + _table(["class", "called unknown"], rows, low)
+        )
+    if ood is not None:
+        applied = (u or {}).get("score")
+        rows = [
+            [
+                name + (" (the checkpoint's)" if name == applied else ""),
+                f"{r['auroc']:.3f}",
+                f"{r['fpr_at_95_tpr']:.3f}",
+            ]
+            for name, r in ood.items()
+            if name != "rejected_by_the_checkpoint"
+        ]
+        text += "<p>Against the --ood images (AUROC: 1 tells them apart, 0.5 chance):</p>" + _table(
+            ["score", "AUROC", "FPR at 95% TPR"], rows
+        )
+        if "rejected_by_the_checkpoint" in ood:
+            text += (
+                f"<p>The checkpoint's thresholds call <b>{100 * ood['rejected_by_the_checkpoint']:.1f}%</b> of the "
+                "--ood images unknown.</p>"
+            )
+    return text
+
+
 def report_html(metrics: dict, figures: dict[str, bytes], title: str) -> str:
     """One self-contained page: the summary, the figures inlined as data: URIs, per-class and most-confused tables.
     Nothing is fetched from elsewhere and there is no script."""
@@ -404,5 +441,5 @@ ECE: 15 equal-width confidence bins.</p>
 <h2>Highest losses</h2>{image("top_losses.png", "the images with the highest losses and their relevance maps")}
 <p class="note">Each: the image, the relevance map for its true class and for the predicted class (Chefer et al.,
 2021). Often the worst losses are mislabelled files.</p>
-{issues}</body></html>
+{unknown_section(metrics)}{issues}</body></html>
 """

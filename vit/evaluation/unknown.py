@@ -24,19 +24,18 @@ import torch
 import torch.nn.functional as F
 
 SCORES = ("msp", "max_logit", "energy", "mahalanobis", "relative_mahalanobis", "normalized_mahalanobis",
-          "block_mahalanobis", "knn")  # fmt: skip
+          "block_mahalanobis", "knn", "input")  # fmt: skip
 FEATURE_SCORES = ("mahalanobis", "relative_mahalanobis", "normalized_mahalanobis", "block_mahalanobis", "knn")
 # KNN: the K-th neighbour among a bank of at most BANK training features (Sun et al. use K=50 on CIFAR-10's 50,000
 # images; a bank of 2,000 keeps a 384-wide checkpoint 3 MB larger); a smaller bank scales K down with it.
 BANK, KNN_K = 2000, 50
 # The share of in-distribution (validation) images the threshold accepts: the convention of FPR@95%TPR.
 ACCEPT = 0.95
-# The score a checkpoint applies (docs/evaluation.md, "Unknown images"; 12 models of clothing, digits and solar cells,
-# 3 seeds each kind): the blocks' ensemble reached mean AUROC 0.96-1.00 on every far pair and 0.89-0.91 near, where
-# the distance on the head's features alone fell to 0.82 far and 0.79 near on the 8-class clothing models (their final
-# LayerNorm removes the token norm, which tells digits from shoes), the logit scores to 0.01-0.97 (a cells model is
-# more confident on digits than on cells) and the relative form to 0.04-0.99.
-DEFAULT_SCORE = "block_mahalanobis"
+# The score a checkpoint applies (docs/evaluation.md, "Unknown images": chosen by leaving one kind of outlier out, over
+# 10 kinds and models of clothing, digits and solar cells): the sum of three standardised scores, the blocks' ensemble
+# (other data sets, noise, inversion), the input statistics (blurred, low-resolution, constant, cropped images, which
+# every feature score alone let through at AUROC 0.60-0.84) and the head's Mahalanobis distance (near classes).
+DEFAULT_SCORE = "block_mahalanobis+input+mahalanobis"
 
 
 def pooled_features(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,17 +56,34 @@ def _layers(feats: torch.Tensor) -> torch.Tensor:
     return feats[:, None] if feats.dim() == 2 else feats
 
 
+def input_statistics(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) normalised images, as the model reads them -> (B, 5) statistics of the pixels themselves, of the
+    channels' average: its mean, and the logarithms of its spread, of its mean absolute horizontal and vertical
+    differences and of its mean absolute Laplacian (how much fine detail there is for its contrast). A blurred, a
+    low-resolution upsampled, a constant or a noised image moves them far from any training image's while its pooled
+    features can stay near a class (docs/evaluation.md: blurred images scored AUROC 0.60 by the features alone)."""
+    g = x.float().mean(1)  # (B, H, W)
+    dx, dy = (g[:, :, 1:] - g[:, :, :-1]).abs(), (g[:, 1:] - g[:, :-1]).abs()
+    lap = (4 * g[:, 1:-1, 1:-1] - g[:, :-2, 1:-1] - g[:, 2:, 1:-1] - g[:, 1:-1, :-2] - g[:, 1:-1, 2:]).abs()
+    eps = 1e-4  # a constant image: log(eps), far below any photograph's, instead of -inf
+    return torch.stack([g.mean((1, 2)), (g.std((1, 2)) + eps).log(), (dx.mean((1, 2)) + eps).log(),
+                        (dy.mean((1, 2)) + eps).log(), (lap.mean((1, 2)) + eps).log()], -1)  # fmt: skip
+
+
 @torch.no_grad()
-def features_of(model, batches, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pooled features (N, L + 1, D), logits and targets of (images, targets) batches, on the CPU in float32."""
+def features_of(model, batches, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pooled features (N, L + 1, D), logits, targets and input_statistics (N, 5) of (images, targets) batches, on the
+    CPU in float32."""
     model = model.to(device).eval()
-    feats, logits, targets = [], [], []
+    feats, logits, targets, inputs = [], [], [], []
     for x, y in batches:
-        f, z = pooled_features(model, x.to(device))
+        x = x.to(device)
+        f, z = pooled_features(model, x)
         feats.append(f.float().cpu())
         logits.append(z.float().cpu())
         targets.append(y.cpu())
-    return torch.cat(feats), torch.cat(logits), torch.cat(targets)
+        inputs.append(input_statistics(x).cpu())
+    return torch.cat(feats), torch.cat(logits), torch.cat(targets), torch.cat(inputs)
 
 
 # Directions whose variance is below this share of the largest are left out of the inverse: the pooled features of a
@@ -82,11 +98,13 @@ def _precision(centred: torch.Tensor) -> torch.Tensor:
     return torch.linalg.pinv(cov, hermitian=True, rtol=RCOND).float()
 
 
-def feature_stats(feats: torch.Tensor, targets: torch.Tensor, num_classes: int, seed: int = 0) -> dict:
+def feature_stats(feats: torch.Tensor, targets: torch.Tensor, num_classes: int, seed: int = 0,
+                  inputs: torch.Tensor | None = None) -> dict:  # fmt: skip
     """What the feature scores need, from the training images' pooled features (N, L + 1, D) and classes (N,): of the
     head's features, class means (C, D) and their shared precision (D, D), the whole set's mean (D,) and precision,
     the class means and precision of the L2-normalised features, a bank of at most BANK L2-normalised features (K, D);
-    of each block's, class means (L, C, D) and precisions (L, D, D). A class without images gets the overall mean.
+    of each block's, class means (L, C, D) and precisions (L, D, D); of their input_statistics (N, 5), where given,
+    the mean (5,) and precision (5, 5). A class without images gets the overall mean.
     The blocks' distances still need their scale on validation images: block_scale."""
     blocks, feats = _layers(feats.float())[:, :-1], _layers(feats.float())[:, -1]
     normed = F.normalize(feats, dim=-1)
@@ -102,6 +120,9 @@ def feature_stats(feats: torch.Tensor, targets: torch.Tensor, num_classes: int, 
         "normalized_precision": _precision(normed - normed_means[targets]),
         "bank": normed[pick],
     }
+    if inputs is not None:
+        stats["input_mean"] = inputs.float().mean(0)
+        stats["input_precision"] = _precision(inputs.float() - stats["input_mean"])
     if blocks.shape[1]:
         block_means = [_class_means(blocks[:, i], targets, num_classes)[0] for i in range(blocks.shape[1])]
         stats["block_means"] = torch.stack(block_means)  # (L, C, D)
@@ -144,11 +165,15 @@ def _squared_distances(feats: torch.Tensor, means: torch.Tensor, precision: torc
     return d.float()
 
 
-def unknown_scores(logits: torch.Tensor, feats: torch.Tensor | None, stats: dict | None, names=SCORES) -> dict:
+def unknown_scores(logits: torch.Tensor, feats: torch.Tensor | None, stats: dict | None, names=SCORES,
+                   inputs: torch.Tensor | None = None) -> dict:  # fmt: skip
     """{score name: (N,)}, higher meaning more like the training data, for each of `names` that the inputs allow
-    (the feature scores need `feats` and `stats`)."""
+    (the feature scores need `feats` and `stats`; "input" the images' input_statistics (N, 5) and `stats`)."""
     logits = logits.float()
     out = {}
+    if "input" in names and inputs is not None and "input_mean" in (stats or {}):
+        d = inputs.float().cpu() - stats["input_mean"]
+        out["input"] = -_squared_distances(d, torch.zeros_like(d[:1]), stats["input_precision"])[:, 0]
     if "msp" in names:
         out["msp"] = logits.softmax(-1).amax(-1)
     if "max_logit" in names:
@@ -179,6 +204,54 @@ def unknown_scores(logits: torch.Tensor, feats: torch.Tensor | None, stats: dict
     return out
 
 
+def fusion_of(scores: dict, name: str) -> dict:
+    """What a fused score `name` ("a+b", each part a score of SCORES) needs: each part's mean and spread on these
+    (validation) scores, which put the parts on one scale before they are summed."""
+    parts = name.split("+")
+    return {"center": [float(scores[p].mean()) for p in parts],
+            "spread": [float(scores[p].std().clamp_min(1e-12)) for p in parts]}  # fmt: skip
+
+
+def record_scores(record: dict | None, logits: torch.Tensor, feats: torch.Tensor | None,
+                  inputs: torch.Tensor | None, names=SCORES) -> dict:  # fmt: skip
+    """unknown_scores with a record's statistics, and the record's own score too: a fused one ("a+b") is the sum of
+    its parts, each standardised by the record's `fusion` (fusion_of)."""
+    stats = (record or {}).get("stats")
+    parts = record["score"].split("+") if record else []
+    out = unknown_scores(logits, feats, stats, tuple(names) + tuple(parts), inputs)
+    if len(parts) > 1 and all(p in out for p in parts):
+        f = record["fusion"]
+        out[record["score"]] = sum((out[p] - c) / d for p, c, d in zip(parts, f["center"], f["spread"]))
+    return out
+
+
+def rejection_record(train: tuple | None, val: tuple, class_names: list[str]) -> dict:
+    """A model's rejection record from features_of's outputs (pooled features, logits, targets, input statistics) on
+    its training images (None: a stream, whose statistics are not gathered: the logits' energy) and on its validation
+    images: the statistics from the training images, every score's threshold and the default's per-class ones from the
+    validation images, so that at most 1 - ACCEPT of new images like them is rejected (never from the training ones,
+    which the model has fitted); vit-predict, vit-serve, vit-eval and the ONNX sidecar apply the DEFAULT_SCORE's."""
+    stats = None
+    if train is not None:
+        feats, _, targets, inputs = train
+        stats = feature_stats(feats, targets, len(class_names), inputs=inputs)
+    feats, logits, _, inputs = val
+    if stats is not None:
+        stats = block_scale(stats, feats)
+    scores = unknown_scores(logits, feats, stats, inputs=inputs)
+    parts = DEFAULT_SCORE.split("+")
+    score = DEFAULT_SCORE if all(p in scores for p in parts) else "energy"
+    record = {"score": score, "accept": ACCEPT, "stats": stats or {}}
+    if len(parts) > 1 and score == DEFAULT_SCORE:
+        record["fusion"] = fusion_of(scores, score)
+        scores = record_scores(record, logits, feats, inputs)
+    thresholds = {name: reject_threshold(s) for name, s in scores.items()}
+    per_class = class_thresholds(scores[score], logits.argmax(-1), len(class_names))
+    return {**record, "threshold": thresholds[score], "thresholds": thresholds, "class_thresholds": per_class,
+            # the classes predicted for fewer than MIN_CLASS_IMAGES validation images: they keep the shared threshold
+            "shared_threshold_classes": [class_names[c] for c, t in enumerate(per_class) if t is None]}  # fmt: skip
+
+
 def accept_threshold(scores: torch.Tensor, accept: float = ACCEPT) -> float:
     """The score above which `accept` of these (in-distribution) images lie (FPR at 95% TPR's convention)."""
     return float(torch.quantile(scores.double(), 1 - accept))
@@ -192,6 +265,33 @@ def reject_threshold(scores: torch.Tensor, accept: float = ACCEPT) -> float:
     ordered = scores.double().sort().values
     k = max(1, math.floor((1 - accept) * (len(ordered) + 1)))  # under 19 images: only what is below them all
     return float(ordered[k - 1])
+
+
+# A class gets its own threshold from at least this many validation images predicted as it (k = 2 of them below it
+# at 95%); a class with fewer keeps the shared threshold, and the record lists it.
+MIN_CLASS_IMAGES = 50
+
+
+def class_thresholds(scores: torch.Tensor, predicted: torch.Tensor, num_classes: int,
+                     accept: float = ACCEPT) -> list[float | None]:  # fmt: skip
+    """Per-class thresholds (C,) from validation scores (N,) and predicted classes (N,): each the split-conformal
+    threshold (reject_threshold) of the images predicted as that class, so that a new image of a class is rejected
+    with probability at most 1 - accept whichever class it is, not only on average over the classes (Mondrian
+    conformal, grouped by the prediction: the only class known when an image arrives). None where fewer than
+    MIN_CLASS_IMAGES images were predicted as the class: it keeps the shared threshold."""
+    return [reject_threshold(scores[predicted == c], accept) if int((predicted == c).sum()) >= MIN_CLASS_IMAGES
+            else None for c in range(num_classes)]  # fmt: skip
+
+
+def thresholds_of(record: dict, logits: torch.Tensor) -> torch.Tensor:
+    """(B,) the threshold that applies to each image: its predicted class's own where the record has one (records
+    made before per-class thresholds have none: the shared one for every image)."""
+    shared = record["threshold"]
+    table = torch.tensor([shared if t is None else t for t in record.get("class_thresholds") or []] or [shared],
+                         dtype=torch.float64)  # fmt: skip
+    if len(table) == 1:
+        return table.expand(len(logits))
+    return table[logits.argmax(-1).cpu()]
 
 
 def auroc(inside: torch.Tensor, outside: torch.Tensor) -> float:
@@ -210,12 +310,13 @@ def fpr_at_tpr(inside: torch.Tensor, outside: torch.Tensor, tpr: float = ACCEPT)
 
 class Rejector:
     """A checkpoint's rejection (its "unknown" record, vit.model.checkpoint.unknown_of; None: never unknown):
-    `rejector(logits, feats)` -> (B,) bool, True where the image scores below the stored threshold."""
+    `rejector(logits, feats, input_statistics(x))` -> (B,) bool, True where the image scores below the threshold of
+    its predicted class."""
 
     def __init__(self, record: dict | None):
         self.record = record
         self.score = record["score"] if record else None
-        self.needs_features = self.score in FEATURE_SCORES
+        self.needs_features = any(p in FEATURE_SCORES for p in (self.score or "").split("+"))
 
     def forward(self, model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits, pooled features or None) of one forward: the features only where the score needs them."""
@@ -224,21 +325,21 @@ class Rejector:
             return logits, feats
         return model(x), None
 
-    def __call__(self, logits: torch.Tensor, feats: torch.Tensor | None) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, feats: torch.Tensor | None, inputs: torch.Tensor | None) -> torch.Tensor:
         if self.record is None:
             return torch.zeros(len(logits), dtype=torch.bool)
         feats = feats.cpu() if feats is not None else None
-        s = unknown_scores(logits.cpu(), feats, self.record["stats"], names=(self.score,))[self.score]
-        return s < self.record["threshold"]
+        s = record_scores(self.record, logits.cpu(), feats, inputs, names=())[self.score]
+        return s < thresholds_of(self.record, logits)
 
 
-def rejection_report(logits: torch.Tensor, feats: torch.Tensor | None, targets: torch.Tensor, record: dict | None,
-                     classes: list[str]) -> dict | None:  # fmt: skip
+def rejection_report(logits: torch.Tensor, feats: torch.Tensor | None, inputs: torch.Tensor | None,
+                     targets: torch.Tensor, record: dict | None, classes: list[str]) -> dict | None:  # fmt: skip
     """What a checkpoint's rejection does to a labelled set: the share rejected, overall and per class, and the
     accuracy on the images it accepts; None without a rejection record."""
     if record is None:
         return None
-    unknown = Rejector(record)(logits, feats)
+    unknown = Rejector(record)(logits, feats, inputs)
     correct = logits.argmax(-1).cpu() == targets.cpu()
     accepted = ~unknown
     per_class = {
@@ -255,28 +356,31 @@ def rejection_report(logits: torch.Tensor, feats: torch.Tensor | None, targets: 
     }
 
 
-def ood_report(inside: dict, outside: dict, record: dict | None) -> dict:
+def ood_report(inside: dict, outside: dict, record: dict | None, outside_logits: torch.Tensor) -> dict:
     """Every score's AUROC and FPR at 95% TPR for telling `inside` ({score: (N,)}, the labelled set) from `outside`
-    (a folder of other images), and the share of `outside` the checkpoint's own threshold rejects."""
+    (a folder of other images, whose logits are `outside_logits`), and the share of `outside` the checkpoint's own
+    thresholds call unknown."""
     report = {
         name: {"auroc": auroc(inside[name], outside[name]), "fpr_at_95_tpr": fpr_at_tpr(inside[name], outside[name])}
         for name in inside
         if name in outside
     }
     if record is not None and record["score"] in outside:
-        report["rejected_by_the_checkpoint"] = float((outside[record["score"]] < record["threshold"]).double().mean())
+        unknown = outside[record["score"]] < thresholds_of(record, outside_logits)
+        report["rejected_by_the_checkpoint"] = float(unknown.double().mean())
     return report
 
 
 class FeatureTap(torch.nn.Module):
-    """Called like the model (images -> logits), keeping the pooled features of every call on the CPU: one pass over
-    a set gives the logits to a scorer (vit.evaluation.report.score) and the features to rejection."""
+    """Called like the model (images -> logits), keeping the pooled features and input_statistics of every call on the
+    CPU: one pass over a set gives the logits to a scorer (vit.evaluation.report.score) and the rest to rejection."""
 
     def __init__(self, model):
         super().__init__()
-        self.model, self.feats = model, []
+        self.model, self.feats, self.inputs = model, [], []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         feats, logits = pooled_features(self.model, x)
         self.feats.append(feats.float().cpu())
+        self.inputs.append(input_statistics(x).cpu())
         return logits

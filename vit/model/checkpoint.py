@@ -69,9 +69,22 @@ def unknown_of(ckpt: dict, path, cfg: ViTConfig) -> dict | None:
     if not isinstance(record.get("score") if stats is not None else None, str) or not isinstance(threshold, float):
         raise CheckpointError(f"{path}: its 'unknown' record has no score name, threshold and statistics")
     d, c, n = cfg.embed_dim, cfg.num_classes, cfg.depth
+    per_class = record.get("class_thresholds")  # records made before per-class thresholds have none
+    if per_class is not None and (not isinstance(per_class, list) or len(per_class) != c
+                                  or not all(t is None or isinstance(t, float) for t in per_class)):  # fmt: skip
+        raise CheckpointError(f"{path}: its 'unknown' class_thresholds must be {c} numbers or nulls, one per class")
     shapes = {"means": (c, d), "precision": (d, d), "background_mean": (d,), "background_precision": (d, d),
               "normalized_means": (c, d), "normalized_precision": (d, d), "block_means": (n, c, d),
-              "block_precision": (n, d, d), "block_center": (n,), "block_spread": (n,)}  # fmt: skip
+              "block_precision": (n, d, d), "block_center": (n,), "block_spread": (n,), "input_mean": (5,),
+              "input_precision": (5, 5)}  # fmt: skip
+    parts = record["score"].split("+")  # a fused score: its parts' standardisation (vit.evaluation.unknown.fusion_of)
+    fusion = record.get("fusion") if len(parts) > 1 else {"center": [0.0], "spread": [1.0]}
+    if not isinstance(fusion, dict) or any(
+        not isinstance(fusion.get(k), list) or len(fusion[k]) != len(parts) for k in ("center", "spread")
+    ):
+        raise CheckpointError(
+            f"{path}: its 'unknown' score {record['score']!r} needs a fusion of {len(parts)} centers and spreads"
+        )
     for key, value in stats.items():
         want = shapes.get(key)  # otherwise (the bank): (K, D)
         fits = isinstance(value, torch.Tensor) and (tuple(value.shape) == want if want else value.shape[-1] == d)
