@@ -139,3 +139,26 @@ def test_invalid_config_names_field_and_value(bad, message):
 def test_input_not_divisible_by_patch_is_a_clear_error():
     with pytest.raises(ValueError, match="input size 30x32 is not divisible by patch_size=8"):
         VisionTransformer(**TINY)(torch.randn(1, 3, 30, 32))
+
+
+def test_the_plain_attention_reads_short_and_masks_and_rope_tables_are_buffers_that_follow_to():
+    """The attention's forward stays the paper's few lines (variants are functions and projections beside it); the
+    trained grid's mask and RoPE tables are non-persistent buffers: .to() moves them, checkpoints do not hold them."""
+    import inspect
+
+    assert len(inspect.getsource(Attention.forward).splitlines()) <= 30
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, pos_embed="rope2d",
+                              attn_pattern="local", attn_window=3, lsa=True)  # fmt: skip
+    buffers = dict(model.named_buffers())
+    assert {"attn_mask", "rope_cos", "rope_sin"} <= set(buffers) and not {"attn_mask", "rope_cos"} & set(
+        model.state_dict()
+    )
+    assert buffers["attn_mask"].shape == (16, 16) and not buffers["attn_mask"].diagonal().any()  # LSA: no self
+    x = torch.randn(2, 3, 32, 32)
+    model.eval()
+    want = model(x)
+    half = model.to(torch.bfloat16)
+    assert half.rope_cos.dtype == torch.bfloat16 and half.attn_mask.dtype == torch.bool
+    assert torch.allclose(half(x.bfloat16()).float(), want, atol=0.1)
+    assert model.to(torch.float32).rope_for((4, 4), x.device)[0] is model.rope_cos  # the trained grid: the buffer
+    assert model.rope_for((2, 2), x.device)[0].shape[0] == 4  # another grid: computed for it

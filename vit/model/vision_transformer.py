@@ -198,38 +198,43 @@ class Attention(nn.Module):
         """x (B, N, D); attn_mask (N, N) bool, True where a query may attend to a key; rope (cos, sin) of the
         patch tokens (prefix tokens such as the class token are not rotated)."""
         B, N, C = x.shape
-        q, k, v = self.qkv_heads(x)
-        if rope is not None:
-            p = N - rope[0].shape[0]
-            cos, sin = (t.to(q.dtype) for t in rope)  # float32 tables would promote bf16 q, k away from v's dtype
-            q = torch.cat([q[:, :, :p], apply_rope(q[:, :, p:], cos, sin)], dim=2)
-            k = torch.cat([k[:, :, :p], apply_rope(k[:, :, p:], cos, sin)], dim=2)
-        gqa = self.num_kv_heads != self.num_heads
-        scale = self.scale if self.temperature is None else 1.0
-        if self.temperature is not None:  # SDPA's scale is a float: the learned one goes into q (a multiply)
-            q = q / self.temperature
-        if self.fused_attn:
-            # enable_gqa: SDPA shares each kv head across its group of query heads without copying it
+        q, k, v = self.qkv_heads(x)  # (B, H, N, Dh), (B, KV, N, Dh), (B, KV, N, Dh)
+        if rope is not None:  # 2D RoPE: positions enter as rotations of q and k
+            q, k = rotate_patch_tokens(q, k, *rope)
+        scale = self.scale
+        if self.temperature is not None:  # LSA: a learned temperature instead of sqrt(Dh), into q (SDPA's is a float)
+            q, scale = q / self.temperature, 1.0
+        if self.fused_attn:  # enable_gqa: SDPA shares each kv head across its group of query heads without a copy
             x = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=attn_mask,
-                enable_gqa=gqa,
+                q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=self.num_kv_heads != self.num_heads,
                 dropout_p=self.attn_drop.p if self.training else 0.0,
-                scale=scale,
-            )
+            )  # fmt: skip
         else:
-            if gqa:
-                group = self.num_heads // self.num_kv_heads
-                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, N, Dh)
-            attn = (q * scale) @ k.transpose(-2, -1)  # (B, H, N, N)
-            if attn_mask is not None:
-                attn = attn.masked_fill(~attn_mask, float("-inf"))
-            attn = self.attn_drop(attn.softmax(dim=-1))
-            x = attn @ v
+            x = eager_attention(q, k, v, attn_mask, scale, self.attn_drop)
         x = x.transpose(1, 2).reshape(B, N, C)  # (B, H, N, Dh) -> (B, N, D)
         return self.proj_drop(self.proj(x))
+
+
+def rotate_patch_tokens(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
+    """q (B, H, N, Dh) and k (B, KV, N, Dh) with their last cos.shape[0] tokens (the patches) rotated by 2D RoPE; the
+    prefix tokens before them (a class token) are not."""
+    p = q.shape[2] - cos.shape[0]
+    cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # float32 tables would promote bf16 q, k away from v's dtype
+    q = torch.cat([q[:, :, :p], apply_rope(q[:, :, p:], cos, sin)], dim=2)
+    k = torch.cat([k[:, :, :p], apply_rope(k[:, :, p:], cos, sin)], dim=2)
+    return q, k
+
+
+def eager_attention(q, k, v, attn_mask: torch.Tensor | None, scale: float, attn_drop: nn.Dropout) -> torch.Tensor:
+    """softmax(q k^T scale) v with the weights materialised: they pass through `attn_drop`, where
+    vit.evaluation.attention_maps reads them. q (B, H, N, Dh); k, v (B, KV, N, Dh), each shared by H / KV heads."""
+    if k.shape[1] != q.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, N, Dh)
+    attn = (q * scale) @ k.transpose(-2, -1)  # (B, H, N, N)
+    if attn_mask is not None:
+        attn = attn.masked_fill(~attn_mask, float("-inf"))
+    return attn_drop(attn.softmax(dim=-1)) @ v
 
 
 class Block(nn.Module):
@@ -318,8 +323,12 @@ class VisionTransformer(nn.Module):
         )
         dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()  # stochastic depth grows with depth
         self.attn_pattern = (cfg.attn_pattern, cfg.attn_window, cfg.attn_dilation, cfg.attn_global_tokens)
-        self.lsa = cfg.lsa
-        self._masks: dict = {}  # (grid, device) -> mask, ("rope", grid, device) -> (cos, sin): once per input size
+        # The trained grid's attention mask and RoPE tables as buffers (not saved: they follow from the config), so
+        # that .to() moves them; another grid's are computed when it comes
+        self.register_buffer("attn_mask", self.pattern_mask(self.grid_size), persistent=False)
+        cos, sin = rope_2d(self.grid_size, cfg.embed_dim // cfg.num_heads) if self.use_rope else (None, None)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
         self.blocks = nn.ModuleList([Block(cfg, drop_path=dpr[i]) for i in range(cfg.depth)])
         self.norm = nn.Identity() if cfg.fc_norm else norm(cfg.embed_dim)
         self.fc_norm = norm(cfg.embed_dim) if cfg.fc_norm else nn.Identity()
@@ -365,32 +374,26 @@ class VisionTransformer(nn.Module):
         )
 
     def rope_for(self, grid: tuple[int, int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of the 2D rotary embedding for a patch grid, built once per grid."""
-        key = ("rope", grid, device)
-        if key not in self._masks:
-            self._masks[key] = tuple(
-                t.to(device) for t in rope_2d(grid, self.embed_dim // self.blocks[0].attn.num_heads)
-            )
-        return self._masks[key]
+        """cos, sin (N, Dh / 2) of the 2D rotary embedding for a patch grid: the buffers for the trained one."""
+        if grid == self.grid_size:
+            return self.rope_cos, self.rope_sin
+        return tuple(t.to(device) for t in rope_2d(grid, self.cfg.embed_dim // self.cfg.num_heads))
+
+    def pattern_mask(self, grid: tuple[int, int]) -> torch.Tensor | None:
+        """The (T, T) bool mask of `attn_pattern` over a grid's tokens, without the diagonal under LSA (a token never
+        attends to itself); None for global attention."""
+        if self.attn_pattern[0] == "global":
+            return None
+        mask = attention_pattern_mask(grid, *self.attn_pattern, self.num_prefix_tokens)
+        return mask & ~torch.eye(mask.shape[0], dtype=torch.bool) if self.cfg.lsa else mask
 
     def attn_mask_for(self, grid: tuple[int, int], device: torch.device, tokens: int) -> torch.Tensor | None:
-        """The (T, T) attention mask of `attn_pattern` for a patch grid, without the diagonal under LSA (None for
-        global attention without LSA). Global attention under LSA needs only the token count: the `tokens` that
-        PatchDropout kept are no longer the grid, and a token still must not attend to itself."""
-        if self.attn_pattern[0] == "global" and not self.lsa:
-            return None
+        """The (T, T) attention mask for a patch grid (None for global attention without LSA). Global attention under
+        LSA needs only the token count: the `tokens` that PatchDropout kept are no longer the grid, and a token still
+        must not attend to itself."""
         if self.attn_pattern[0] == "global":
-            key = ("lsa", tokens, device)
-            if key not in self._masks:
-                self._masks[key] = ~torch.eye(tokens, dtype=torch.bool, device=device)
-            return self._masks[key]
-        key = (grid, device)
-        if key not in self._masks:
-            mask = attention_pattern_mask(grid, *self.attn_pattern, self.num_prefix_tokens)
-            if self.lsa:  # Locality Self-Attention: a token never attends to itself
-                mask = mask & ~torch.eye(mask.shape[0], dtype=torch.bool)
-            self._masks[key] = mask.to(device)
-        return self._masks[key]
+            return ~torch.eye(tokens, dtype=torch.bool, device=device) if self.cfg.lsa else None
+        return self.attn_mask if grid == self.grid_size else self.pattern_mask(grid).to(device)
 
     def forward_features(self, x: torch.Tensor, taps: list | None = None) -> torch.Tensor:
         """(B, C, H, W) -> tokens (B, prefix + N, D) after the final norm; `taps` (a list): each block's output tokens
