@@ -126,7 +126,7 @@ def test_a_cifar_batch_pickled_with_bytes_keys_is_one_line_naming_it(dataset, in
     trust_cifar_checksums(monkeypatch, dataset, md5)  # the checksums pass: only the layout is wrong
     with pytest.raises(SystemExit) as e:
         train.main(["--config", f"configs/{dataset}.yaml"])
-    message = str(e.value.code)
+    message = str(e.value)
     assert message.startswith("error: data/cifar-") and "keys are bytes" in message and "\n" not in message
 
 
@@ -140,7 +140,7 @@ def test_a_cifar_meta_file_without_label_names_is_one_line_naming_it(in_tmp, mon
     trust_cifar_checksums(monkeypatch, "cifar10", md5)
     with pytest.raises(SystemExit) as e:
         train.main(["--config", "configs/cifar10.yaml"])
-    assert str(e.value.code) == "error: data/cifar-10-batches-py/batches.meta: no key 'label_names' (has ['names'])"
+    assert str(e.value) == "error: data/cifar-10-batches-py/batches.meta: no key 'label_names' (has ['names'])"
 
 
 @pytest.mark.parametrize("damage", ["magic", "truncated"])
@@ -151,6 +151,6 @@ def test_a_foreign_or_truncated_mnist_file_is_one_line_naming_it(damage, in_tmp)
     path.write_bytes(b"\x00\x00\x09\x99" + raw[4:] if damage == "magic" else raw[:-100])
     with pytest.raises(SystemExit) as e:
         train.main(["--config", "configs/mnist.yaml", "--data.init_args.download=false"])
-    message = str(e.value.code)
+    message = str(e.value)
     assert message.startswith("error: data/MNIST/raw/train-images-idx3-ubyte: ") and "\n" not in message
     assert ("magic number 0x999" if damage == "magic" else "needs 15696") in message, message

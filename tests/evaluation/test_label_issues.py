@@ -99,4 +99,4 @@ def test_find_label_issues_needs_a_folder(in_tmp, capsys):
 
     with pytest.raises(SystemExit) as e:
         fit_in(in_tmp, ["fit", "--config", SMOKE, "--find_label_issues", "true"])
-    assert str(e.value.code) == "error: --find_label_issues true needs a folder of images (--data.root PATH)"
+    assert str(e.value) == "error: --find_label_issues true needs a folder of images (--data.root PATH)"

@@ -165,7 +165,7 @@ def test_resume_from_a_bad_checkpoint_is_one_line(case, tmp_path, uninterrupted,
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
         train.main([*ARGS, "--ckpt_path", str(bad)])
-    message = str(e.value.code)
+    message = str(e.value)
     assert message.startswith("error: ") and str(bad) in message and "\n" not in message
     assert not marker.exists()
 
@@ -197,7 +197,8 @@ def test_a_non_finite_loss_stops_naming_the_step_or_is_skipped(skip, on_device, 
     else:
         with pytest.raises(SystemExit) as e:
             train.main(args)
-        assert str(e.value.code).startswith("error: non-finite loss (nan) at step 5 (epoch 0, batch 5)")
+        assert str(e.value).startswith("error: non-finite loss (nan) at step 5 (epoch 0, batch 5)")
+        assert e.value.code == str(e.value)  # a run that failed, not a usage error: sys.exit(message), status 1
         assert load_checkpoint(tmp_path / CKPTS / "last-step.ckpt")["global_step"] == 3  # intact, before the NaN
 
 

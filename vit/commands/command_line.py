@@ -4,6 +4,7 @@ main job (or your folder), config paths name the packaged configs, and a field t
 
 import argparse
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +20,20 @@ def model_flags(ap: argparse.ArgumentParser, onnx_help: str | None = None) -> No
     model = ap.add_mutually_exclusive_group(required=True)
     model.add_argument("--ckpt", "--ckpt_path", dest="ckpt", help=CKPT_HELP)
     model.add_argument("--onnx", metavar="FILE", help=onnx_help)
+
+
+class UsageError(SystemExit):
+    """A command line that cannot run as given (a flag, a config field, a data or checkpoint path): exit status 2, as
+    argparse's and the other `vit-*` commands' usage errors; its one line ("error: ...") is printed on stderr when
+    raised and is the exception's str. A failure while running (a non-finite loss) stays exit 1."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+        print(message, file=sys.stderr, flush=True)
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def device_flag(ap: argparse.ArgumentParser) -> None:

@@ -31,7 +31,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from vit.commands.command_line import moved_field_hint, normalize_args
+from vit.commands.command_line import UsageError, moved_field_hint, normalize_args
 from vit.data.base import ImageClassificationData
 from vit.data.folder import default_memory_budget_gb
 from vit.data.listing import write_split
@@ -134,7 +134,7 @@ class ViTCLI(LightningCLI):
             try:
                 load_checkpoint(ckpt)
             except CheckpointError as e:
-                sys.exit(f"error: {e}")
+                raise UsageError(f"error: {e}") from None
         super()._parse_ckpt_path()
 
     def __init__(self, *args, args_list: Sequence[str] = (), **kwargs):
@@ -161,7 +161,7 @@ class ViTCLI(LightningCLI):
                 weights = apply_weights(fit, self._argv)
                 self._plan = apply_plan(fit, self._argv, weights=weights)
             except ValueError as e:
-                sys.exit(f"error: {e}")
+                raise UsageError(f"error: {e}") from None
 
     def _set_seed(self) -> None:
         # Seeded as LightningCLI does, but said after the data is built: a missing dataset is the first line printed.
@@ -174,7 +174,7 @@ class ViTCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except ValueError as e:  # our constructors name the field and value: one line, no traceback
-            sys.exit(f"error: {root_cause(e)}")
+            raise UsageError(f"error: {root_cause(e)}") from None
 
     def instantiate_trainer(self, **kwargs):
         seed = self.config.get(f"{self.subcommand}.seed_everything" if self.subcommand else "seed_everything")
@@ -205,7 +205,7 @@ class ViTCLI(LightningCLI):
         config = self.config[self.subcommand]
         every = config.get("checkpoint_every_n_steps")
         if every is not None and every < 1:
-            sys.exit(f"error: checkpoint_every_n_steps={every} must be >= 1")
+            raise UsageError(f"error: checkpoint_every_n_steps={every} must be >= 1")
         # Mid-epoch checkpoints bound the work a kill can cost: by steps when asked, else by wall time.
         step_ckpt = dict(filename="last-step", monitor=None, save_top_k=1, enable_version_counter=False)
         step_ckpt = (
@@ -250,13 +250,15 @@ class ViTCLI(LightningCLI):
         from vit.evaluation.label_issues import LabelIssueFinder
 
         if not isinstance(self.datamodule, ImageFolderDataModule):
-            sys.exit("error: --find_label_issues true needs a folder of images (--data.root PATH)")
+            raise UsageError("error: --find_label_issues true needs a folder of images (--data.root PATH)")
         if self.datamodule.task == "multilabel":
-            sys.exit("error: --find_label_issues true ranks one label an image; not for multi-label data")
+            raise UsageError("error: --find_label_issues true ranks one label an image; not for multi-label data")
         folder = logger.log_dir if logger else (self.trainer.checkpoint_callbacks or [None])[0]
         folder = getattr(folder, "dirpath", folder)
         if folder is None:
-            sys.exit("error: --find_label_issues true needs a logger or checkpoints: where would label_issues.csv go?")
+            raise UsageError(
+                "error: --find_label_issues true needs a logger or checkpoints: where would label_issues.csv go?"
+            )
         self.trainer.callbacks.append(LabelIssueFinder(Path(folder, "label_issues.csv").resolve()))
 
     def _save_plan_and_keep_budget(self, logger) -> None:
@@ -289,7 +291,7 @@ class ViTCLI(LightningCLI):
             runs = Path(self.trainer.default_root_dir, "checkpoints", logger.name)
             found = sorted(runs.glob("version_*/last*.ckpt"), key=lambda p: p.stat().st_mtime)
             if not found:
-                sys.exit(f"error: --ckpt_path last: no last*.ckpt under {runs}/ to resume from")
+                raise UsageError(f"error: --ckpt_path last: no last*.ckpt under {runs}/ to resume from")
             ckpt = str(found[-1])
             self.config_init[self.subcommand]["ckpt_path"] = ckpt
         match = re.fullmatch(r"version_(\d+)", Path(ckpt).parent.name)
@@ -398,11 +400,14 @@ def _no_tips(record: logging.LogRecord) -> bool:
 
 
 def main(args: Sequence[str] | None = None) -> ViTCLI:
-    """Parse, train (or validate/test), print where the checkpoints are. Errors end in one line and exit 1."""
+    """Parse, train (or validate/test), print where the checkpoints are. Errors end in one line: exit 2 for a command
+    line, config, data or checkpoint that cannot run (UsageError), 1 for a run that failed (a non-finite loss)."""
     quiet_lightning()
     argv = normalize_args(sys.argv[1:] if args is None else args)
     if argv[0] == "predict":  # Lightning's subcommand needs a predict_step and a predict loader, which we do not have
-        sys.exit("error: vit-train predict is not a command here: classify images with vit-predict --ckpt CKPT IMAGES")
+        raise UsageError(
+            "error: vit-train predict is not a command here: classify images with vit-predict --ckpt CKPT IMAGES"
+        )
     # `--help` shows each ViTConfig field's meaning: the docstring under its declaration in vit/model/config.py.
     # Reading those means parsing the source of every class on the command line (Trainer's too): 1.8 of the 2.5 s a
     # parse took (cProfile), so only when the help or a commented config is asked for.
@@ -427,11 +432,13 @@ def main(args: Sequence[str] | None = None) -> ViTCLI:
                 }
             },
         )
-    except (DataError, CheckpointError, NonFiniteLossError) as e:
+    except NonFiniteLossError as e:  # training ran and failed: exit 1
         sys.exit(f"error: {e}")
+    except (DataError, CheckpointError) as e:
+        raise UsageError(f"error: {e}") from None
     except ArgumentError as e:  # jsonargparse: wrong type, unknown key, bad YAML
         msg = " ".join(str(e).split())
-        sys.exit(f"error: {msg}{moved_field_hint(msg)} (vit-train fit --help lists the options)")
+        raise UsageError(f"error: {msg}{moved_field_hint(msg)} (vit-train fit --help lists the options)") from None
 
 
 def run() -> int:
