@@ -99,3 +99,37 @@ def test_readme_python_blocks_compile(i):
 
 def test_readme_is_short():
     assert len(README.splitlines()) <= 250
+
+
+COMMAND_PARSERS = {
+    "vit-predict": predict.build_parser,
+    "vit-eval": evaluate.build_parser,
+    "vit-export": export.build_parser,
+    "vit-serve": serve.build_parser,
+    "vit-attention": attention.build_parser,
+    "vit-attention faithfulness": attention.build_faithfulness_parser,
+}
+
+
+def flag_rows() -> list[tuple[list[str], list[str]]]:
+    """The README's flag table: (flags named in the flag and meaning cells, the commands of the last cell) per row."""
+    section = README.split("## Flags the commands share", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in section.splitlines() if r.startswith("| `")]
+    out = []
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        out.append((re.findall(r"--[a-z][a-z_-]*", " ".join(cells[:2])), cells[-1].split(", ")))
+    return out
+
+
+@pytest.mark.parametrize("flags,commands", flag_rows(), ids=lambda v: v[0] if isinstance(v[0], str) else None)
+def test_each_flag_in_the_readme_table_is_what_the_commands_it_names_accept(flags, commands):
+    """One spelling per concept across the vit-* commands: every row's flags (and aliases) are accepted by every
+    command the row names, with the same meaning of the value where the row gives the choices."""
+    assert flags and commands
+    for command in commands:
+        parser = COMMAND_PARSERS[command]()
+        known = {o: a for a in parser._actions for o in a.option_strings}
+        for flag in flags:
+            assert flag in known, f"{command} has no {flag}"
+    assert len(flag_rows()) >= 8
