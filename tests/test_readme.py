@@ -92,9 +92,16 @@ def test_each_readme_command_parses(line, capsys, tmp_path, monkeypatch):
     pytest.fail(f"README command not checked by this test: {line}")
 
 
-@pytest.mark.parametrize("i", range(len(code_blocks("python"))))
-def test_readme_python_blocks_compile(i):
-    compile(code_blocks("python")[i], f"README python block {i}", "exec")
+def python_snippets() -> list[str]:
+    """The README's Python: its python blocks, and the inline code that calls something (`to_timm(from_timm(...))`)."""
+    return code_blocks("python") + re.findall(r"`([A-Za-z_][\w.]*\(.*?\))`", README)
+
+
+def test_readme_python_compiles():
+    snippets = python_snippets()
+    assert snippets  # the README shows Python (the timm round trip): a change that breaks this list fails here
+    for i, code in enumerate(snippets):
+        compile(code, f"README python snippet {i}", "exec")
 
 
 def test_readme_is_short():

@@ -40,9 +40,13 @@ def test_random_resized_crop_boxes_follow_torchvision_get_params():
         ],
         dtype=torch.float32,
     )
-    for stat in (lambda b: b[:, 2] * b[:, 3], lambda b: b[:, 3] / b[:, 2], lambda b: b[:, 0] + b[:, 2] / 2):
-        q = torch.tensor([0.1, 0.5, 0.9])
-        assert torch.allclose(stat(ours).quantile(q), stat(theirs).quantile(q), rtol=0.06, atol=0.6)
+    q = torch.tensor([0.1, 0.5, 0.9])
+    # each statistic at a tolerance under its own spread: the area in px^2 (418-870 here), the aspect (0.80-1.25: a
+    # sampler without the log-uniform ratio, or with another range, moves the outer quantiles by 0.05 or more), the
+    # centre in px (12.5-19.5)
+    for stat, atol in ((lambda b: b[:, 2] * b[:, 3], 15.0), (lambda b: b[:, 3] / b[:, 2], 0.02),
+                       (lambda b: b[:, 0] + b[:, 2] / 2, 0.6), (lambda b: b[:, 1] + b[:, 3] / 2, 0.6)):  # fmt: skip
+        assert torch.allclose(stat(ours).quantile(q), stat(theirs).quantile(q), rtol=0, atol=atol)
     assert (ours[:, 0] + ours[:, 2] <= 32).all() and (ours[:, 1] + ours[:, 3] <= 32).all() and (ours >= 0).all()
 
 

@@ -529,7 +529,6 @@ def test_a_cpu_server_splits_its_cores_between_two_workers_and_each_worker_takes
     import vit.commands.serve as cmd
     from vit.deployment import serve
 
-    assert cmd.CPU_WORKERS == 2
     assert cmd.worker_layout("cpu", None, 2) == (2, 1) and cmd.worker_layout("cpu", None, 16) == (2, 8)
     assert cmd.worker_layout("cpu", None, 1) == (1, 1) and cmd.worker_layout("cpu", 3, 8) == (3, 2)
     assert cmd.worker_layout("cuda", None, 16) == (1, None) and cmd.worker_layout("cuda", 2, 16) == (2, None)

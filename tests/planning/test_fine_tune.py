@@ -63,7 +63,9 @@ def test_a_folder_fine_tunes_the_weights_model_without_spelling_it(digits_folder
     assert eval_main(["--ckpt", str(last), str(digits_folder / "val"), "--out", str(in_tmp / "eval")]) == 0
     assert export_main(["--ckpt", str(last), "--format", "timm", "--out", str(in_tmp / "timm")]) == 0
     server = build_server(serve_parser().parse_args(["--ckpt", str(last), "--device", "cpu"]))
-    assert server.app is not None
+    api = server.litapi_connector.lit_apis[0]
+    api.setup("cpu")  # what a worker process does: the fine-tuned model, without the weights file it started from
+    assert api.names == list(cli.datamodule.class_names) and api.shape == (1, 32, 32)
     plan = next(in_tmp.glob("logs/*/version_0/plan.yaml"))
     assert str(path) in plan.read_text()
     flags = [*FLAGS[2:], "--trainer.max_epochs", "2", "--ckpt_path", "last"]  # the newest last.ckpt of the run
