@@ -14,7 +14,6 @@ TensorBoard logs to logs/<run>/version_<n>/. Resuming (`--ckpt_path last`) conti
 
 import logging
 import os
-import re
 import sys
 import time
 import warnings
@@ -54,6 +53,7 @@ from vit.planning.planned_run import FitBudget, apply_plan, explicit_keys, is_ex
 from vit.training.callbacks import DataRecord, plain_data_config
 from vit.training.checkpoint_io import AtomicCheckpointIO
 from vit.training.module import NonFiniteLossError, ViTClassifier
+from vit.training.run_folders import checkpoint_folder, newest_last_checkpoint, run_files_folder, version_of
 from vit.training.timed_checkpoint import TimedCheckpoint
 
 # Facts about the data that the model must agree with: taken from the DataModule, never typed twice.
@@ -220,14 +220,7 @@ class ViTCLI(LightningCLI):
         if self.trainer.strategy.root_device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 matmuls for fp32 on Ampere and newer
         logger = self.trainer.logger
-        # checkpoints/<run>/version_<n>/ beside logs/<run>/version_<n>/, under --trainer.default_root_dir when given;
-        # without a logger a version of its own (checkpoints/default/version_<n>), so that a second run never
-        # overwrites the first one's files; a dirpath you gave (--checkpoint.dirpath) is kept.
-        root = Path(self.trainer.default_root_dir)
-        if logger:
-            folder = root / "checkpoints" / logger.name / f"version_{logger.version}"
-        else:
-            folder = next_free_version(root / "checkpoints" / "default")
+        folder = checkpoint_folder(self.trainer.default_root_dir, logger)  # a dirpath you gave is kept
         for cb in self.trainer.checkpoint_callbacks:
             if cb.dirpath is None:
                 cb.dirpath = str(folder.resolve())
@@ -253,8 +246,7 @@ class ViTCLI(LightningCLI):
             raise UsageError("error: --find_label_issues true needs a folder of images (--data.root PATH)")
         if self.datamodule.task == "multilabel":
             raise UsageError("error: --find_label_issues true ranks one label an image; not for multi-label data")
-        folder = logger.log_dir if logger else (self.trainer.checkpoint_callbacks or [None])[0]
-        folder = getattr(folder, "dirpath", folder)
+        folder = run_files_folder(logger, self.trainer.checkpoint_callbacks)
         if folder is None:
             raise UsageError(
                 "error: --find_label_issues true needs a logger or checkpoints: where would label_issues.csv go?"
@@ -264,9 +256,7 @@ class ViTCLI(LightningCLI):
     def _save_plan_and_keep_budget(self, logger) -> None:
         plan, deadline = self._plan
         parser, config = self._parser("fit"), self.config.fit
-        # Beside the logs; with no logger beside the checkpoints; with neither, printed only (nothing is written).
-        folder = logger.log_dir if logger else (self.trainer.checkpoint_callbacks or [None])[0]
-        folder = getattr(folder, "dirpath", folder)
+        folder = run_files_folder(logger, self.trainer.checkpoint_callbacks)  # with neither: printed only
         out = Path(folder, "plan.yaml") if folder else None
 
         def save(max_epochs: int) -> None:
@@ -287,16 +277,14 @@ class ViTCLI(LightningCLI):
         ckpt, logger = config.get("ckpt_path"), self.trainer.logger
         if not ckpt or logger is None:
             return
-        if ckpt == "last":  # where this run writes its checkpoints: under --trainer.default_root_dir when given
-            runs = Path(self.trainer.default_root_dir, "checkpoints", logger.name)
-            found = sorted(runs.glob("version_*/last*.ckpt"), key=lambda p: p.stat().st_mtime)
-            if not found:
+        if ckpt == "last":
+            found, runs = newest_last_checkpoint(self.trainer.default_root_dir, logger.name)
+            if found is None:
                 raise UsageError(f"error: --ckpt_path last: no last*.ckpt under {runs}/ to resume from")
-            ckpt = str(found[-1])
+            ckpt = str(found)
             self.config_init[self.subcommand]["ckpt_path"] = ckpt
-        match = re.fullmatch(r"version_(\d+)", Path(ckpt).parent.name)
-        if match and Path(ckpt).parent.parent.name == logger.name:
-            logger._version = int(match.group(1))  # before anything asks the logger for its folder
+        if (version := version_of(ckpt, logger.name)) is not None:
+            logger._version = version  # before anything asks the logger for its folder
 
     def after_fit(self) -> None:
         if not self.trainer.is_global_zero:
@@ -344,12 +332,6 @@ class ViTCLI(LightningCLI):
         out = Path(tb.log_dir if tb is not None else Path(best).parent, "test_metrics.json")
         if line := test_after_fit(best, self.datamodule, device, tb, self.trainer.global_step, out):
             print(line)
-
-
-def next_free_version(folder: Path) -> Path:
-    """folder/version_<n> for the first n after every existing version_* there."""
-    taken = [int(m.group(1)) for p in folder.glob("version_*") if (m := re.fullmatch(r"version_(\d+)", p.name))]
-    return folder / f"version_{max(taken, default=-1) + 1}"
 
 
 def local_processes(trainer) -> int:
