@@ -146,12 +146,14 @@ def test_command_writes_overlays_for_image_files(tmp_path, capsys):
         ]
     )
     assert code == 1  # one image failed, the other was drawn
+    out, err = capsys.readouterr()
+    assert f"{tmp_path / 'bad.png'}: error: " in err  # vit-predict's words for a file it could not read
     from vit.data.transforms import eval_transform
 
     x = eval_transform(TINY["img_size"], [0.5] * 3, [0.5] * 3)(Image.open(tmp_path / "a.png").convert("RGB"))
     with torch.no_grad():
         served = (model.eval()(x[None]) / 0.05).softmax(-1).max()  # the calibrated probability, as vit-predict's
-    printed = float(capsys.readouterr().out.split("(")[-1].split(")")[0])
+    printed = float(out.split("(")[-1].split(")")[0])
     assert printed == pytest.approx(float(served), abs=0.006)
     png = Image.open(tmp_path / "maps" / "a_attention.png")
     assert png.size == (64 + 4, 2 * 64 + 6)

@@ -195,11 +195,12 @@ def test_a_torchvision_test_split(smoke_ckpt, tmp_path, capsys):
     ckpt["hyper_parameters"]["class_names"] = list(MNIST.classes)  # as a run on torch/mnist names its classes
     AtomicCheckpointIO().save_checkpoint(ckpt, tmp_path / "mnist.ckpt")
     out = tmp_path / "out"
-    args = ["--ckpt", str(tmp_path / "mnist.ckpt"), "torch/mnist", "--data-root", str(tmp_path / "data")]
+    args = ["--ckpt", str(tmp_path / "mnist.ckpt"), "torch/mnist", "--download-root", str(tmp_path / "data")]
     assert main([*args, "--out", str(out)]) == 0
     paths, rows = read_predictions(out / "predictions.csv", list(MNIST.classes))
     assert paths[0] == "torch/mnist/test/000000" and rows["true"].tolist() == [i % 10 for i in range(9)]
 
+    # the old spelling, --data-root, still reads the same folder
     assert main(["--ckpt", str(smoke_ckpt), "torch/mnist", "--data-root", str(tmp_path / "data"), "--out", str(out)])
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: torch/mnist: its classes") and "\n" not in err

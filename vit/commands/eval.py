@@ -3,7 +3,7 @@
     vit-eval --ckpt checkpoints/folder/version_0/last.ckpt path/to/labelled --out eval/   # <class>/<image> folders
     vit-eval --ckpt last.ckpt --split val --out eval/          # the checkpoint's own validation split, as in training
     vit-eval --ckpt last.ckpt --split test --out eval/         # its data's test split (a test/ folder or test rows)
-    vit-eval --ckpt last.ckpt torch/fashion_mnist --data-root data --out eval/      # a torchvision test split
+    vit-eval --ckpt last.ckpt torch/fashion_mnist --download-root data --out eval/  # a torchvision test split
     vit-eval --ckpt last.ckpt --split val --ood path/to/other_images --out eval/    # how well it says "unknown"
 
 Writes into the --out folder: metrics.json, predictions.csv, per_class.csv, confusion_matrix.png, reliability.png,
@@ -65,7 +65,7 @@ def batches_for(args, ckpt: dict, hparams: dict, classes: list[str], device: tor
     if args.data.startswith("torch/"):
         from vit.data.torchvision_data import eval_split
 
-        x, y, names = eval_split(args.data, args.data_root, hparams["img_size"], hparams.get("in_chans", 3))
+        x, y, names = eval_split(args.data, args.download_root, hparams["img_size"], hparams.get("in_chans", 3))
         if names and names != classes:
             raise DataError(f"{args.data}: its classes {names[:5]}... are not the checkpoint's {classes[:5]}...")
         batches = DeviceBatches(
@@ -97,7 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="folder for the report (created; files replaced)",
     )
-    ap.add_argument("--data-root", default="data", help="where torch/<name> datasets are (default data; no download)")
+    # not --data-root: vit-train's --data.root is a folder of your images, this is where torchvision datasets lie
+    ap.add_argument(
+        "--download-root", default="data", help="where torch/<name> datasets are (default data; no download)"
+    )
+    ap.add_argument("--data-root", dest="download_root", help=argparse.SUPPRESS)  # the old spelling
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--num-workers", type=int, default=None, help="decoding workers (default as vit-predict)")
     device_flag(ap)

@@ -231,12 +231,12 @@ def read_or_report(
     paths: Iterable[str], transform: Callable[[Image.Image], torch.Tensor], in_chans: int = 3
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(path, transform(image)) for each readable file; each unreadable one is reported on stderr as
-    `path: skipped: reason` and passed over (one bad file must not stop the rest)."""
+    `path: error: reason`, as vit-predict reports it, and passed over (one bad file must not stop the rest)."""
     for path in paths:
         try:
             yield path, transform(read_image(path, in_chans))
         except Exception as e:  # any failure is a reason to report
-            print(f"{path}: skipped: {describe(e)}", file=sys.stderr)
+            print(f"{path}: error: {describe(e)}", file=sys.stderr)
 
 
 def preprocess_spec(img_size: int, in_chans: int, mean, std) -> list[dict]:
