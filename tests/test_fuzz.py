@@ -4,7 +4,9 @@ Either a clean result or a clean one-line error, never a crash, a hang, or a sil
 import dataclasses
 import io
 import math
+import tempfile
 import typing
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from vit.data.images import describe, read_image
+from vit.deployment.export import export
 from vit.model.config import ViTConfig
 from vit.model.vision_transformer import VisionTransformer
 
@@ -115,3 +118,20 @@ def test_fuzzed_config_values_build_a_working_model_or_name_the_field(changes):
     again.load_state_dict(model.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(again.eval()(x), model.eval()(x))
+
+
+# A trace costs ~0.1 s a model: a fifth of the examples above, drawn the same way
+@settings(max_examples=120, deadline=5000, derandomize=True)
+@given(changes=st.dictionaries(st.sampled_from(FIELDS), CONFIG_VALUES, min_size=1, max_size=3))
+def test_fuzzed_configs_that_build_export_and_load_with_the_same_logits(changes):
+    """A ViTConfig that builds also exports (vit-export's TorchScript trace; an ONNX export takes seconds a model:
+    tests/deployment/test_export.py exports the pools, stems and LSA) to a file that loads and gives its logits."""
+    cfg = {**BASE, **changes}
+    try:
+        model = VisionTransformer(**cfg).eval()
+    except ValueError:
+        return  # the test above checks the message
+    x = torch.randn(2, cfg["in_chans"], cfg["img_size"], cfg["img_size"])
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        path = export(model, "torchscript", Path(tmp, "m.pt"), cfg["img_size"], cfg["in_chans"])
+        torch.testing.assert_close(torch.jit.load(str(path))(x), model(x))
