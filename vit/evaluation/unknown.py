@@ -1,10 +1,10 @@
 """Saying "unknown": post-hoc scores of how much an image looks like the training data, one forward pass each.
 
-    feats, logits = pooled_features(model, x)                       # (B, L + 1, D) pooled features, logits
-    stats = feature_stats(train_feats, train_targets, num_classes)  # class means, shared precision, background, bank
-    s = unknown_scores(logits, feats, stats)                        # {name: (B,)}, higher = more like the training data
-    t = reject_threshold(s_val["energy"])                           # rejects at most 5% of images like them
-    auroc(s_in, s_out), fpr_at_tpr(s_in, s_out)                     # how well a score tells them from others
+    feats, logits, targets, inputs = features_of(model, batches, device)   # pooled features, logits, pixel statistics
+    record = rejection_record(train_outputs, val_outputs, class_names)    # what fit stores: statistics, thresholds
+    unknown = Rejector(record)(logits, feats, input_statistics(x))        # (B,) bool: below its class's threshold
+    s = record_scores(record, logits, feats, inputs)   # {name: (B,)} each candidate, higher = more like training
+    auroc(s_in, s_out), fpr_at_tpr(s_in, s_out)        # how well a score tells them from others
 
 The candidates are OpenOOD v1.5's one-pass post-hoc family: the maximum softmax probability (Hendrycks & Gimpel
 2017), the maximum logit (Hendrycks et al. 2022), the energy (Liu et al. 2020), the Mahalanobis distance to the
@@ -13,9 +13,12 @@ subtracts the distance to the whole training set's Gaussian (Ren et al. 2021), t
 features (Mahalanobis++, Mueller & Hein 2025: the features' norms vary with the image more than with the class, which
 breaks the shared-covariance Gaussian), the same distance to the nearest class mean in the pooled tokens after every
 block, each standardised on the validation images and summed (Lee et al.'s feature ensemble, without the weights they
-fitted on unknown images, which a fit does not have), and the distance to the K-th nearest training feature after L2
-normalisation (Sun et al. 2022). Which one a checkpoint uses is measured in
-docs/evaluation.md ("Unknown images"); the statistics every candidate needs are kept, so vit-eval --ood compares them.
+fitted on unknown images, which a fit does not have), the distance to the K-th nearest training feature after L2
+normalisation (Sun et al. 2022), and the distance of five statistics of the pixels to the training images' (`input`);
+and sums of them ("a+b+c"), each part standardised on the validation images. Thresholds are split conformal on the
+validation images, one per predicted class where a class has enough of them. Which score a checkpoint applies was
+chosen by leaving one kind of outlier out (docs/evaluation.md, "Unknown images"); the statistics every candidate needs
+are kept, so vit-eval --ood compares them.
 """
 
 import math
