@@ -95,7 +95,8 @@ def outputs_of(model, hparams: dict, files: list[str], kind: str | None = None) 
 
 
 def model_outputs(name: str, ckpt_path: str, folders: dict[str, str], limit: int) -> dict:
-    """{set: (feats, logits[, targets])} for the validation split, the test folder, and every kind of outliers."""
+    """{set: (feats, logits, pixel statistics[, targets])} for the validation split, the test folder and every kind of
+    outliers, with the record fit makes today (its statistics) and the class names."""
     with tempfile.TemporaryDirectory() as tmp:  # the record as fit makes it today, on a copy
         ckpt_path = str(with_statistics(Path(ckpt_path), Path(tmp)))
         ckpt = load_checkpoint(ckpt_path)
