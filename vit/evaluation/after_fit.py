@@ -109,9 +109,10 @@ def unknown_line(best: dict) -> str:
     record = best["unknown"]
     shared = record.get("shared_threshold_classes") or []
     own = sum(t is not None for t in record.get("class_thresholds") or [])
+    own = f"{own} class" if own == 1 else f"{own} classes"
     return (
         f"unknown: {record['score']} below its predicted class's threshold says 'unknown' (set on the validation "
-        f"images to accept at least {ACCEPT:.0%} of each class's images like them; {own} classes with their own, "
+        f"images to accept at least {ACCEPT:.0%} of each class's images like them; {own} with their own, "
         + (
             f"{', '.join(shared[:5])}{' ...' if len(shared) > 5 else ''} with too few images: the shared one"
             if shared
