@@ -247,35 +247,11 @@ class Block(nn.Module):
         dim, norm_layer = cfg.embed_dim, get_norm_layer(cfg.norm_layer)
         self.post_norm = cfg.norm_position == "post"
         self.norm1 = norm_layer(dim)
-        self.attn = Attention(
-            dim,
-            num_heads=cfg.num_heads,
-            qkv_bias=cfg.qkv_bias,
-            qk_norm=cfg.qk_norm,
-            attn_drop=cfg.attn_drop_rate,
-            proj_drop=cfg.drop_rate,
-            norm_layer=norm_layer,
-            num_kv_heads=cfg.num_kv_heads,
-            kv_latent_dim=cfg.kv_latent_dim,
-            lsa=cfg.lsa,
-        )
+        self.attn = block_attention(cfg)
         self.ls1 = LayerScale(dim, cfg.init_values) if cfg.init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm_layer(dim)
-        hidden = int(dim * cfg.mlp_ratio)
-        if cfg.moe_experts > 0:  # E experts of the dense MLP's size: each token pays for top_k of them
-            self.mlp = MoEMlp(
-                dim,
-                hidden,
-                num_experts=cfg.moe_experts,
-                top_k=cfg.moe_top_k,
-                capacity_factor=cfg.moe_capacity_factor,
-                drop=cfg.drop_rate,
-            )
-        elif cfg.mlp_layer == "swiglu":  # three matrices instead of two: 2/3 of the hidden size keeps the parameters
-            self.mlp = SwiGLU(dim, max(1, round(hidden * 2 / 3)), act_layer=nn.SiLU, drop=cfg.drop_rate)
-        else:
-            self.mlp = Mlp(dim, hidden, act_layer=nn.GELU, drop=cfg.drop_rate)
+        self.mlp = block_mlp(cfg)
         self.ls2 = LayerScale(dim, cfg.init_values) if cfg.init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
@@ -285,6 +261,36 @@ class Block(nn.Module):
             return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask, rope)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+def block_attention(cfg: ViTConfig) -> Attention:
+    """A block's attention as the config picks it: heads, QK-Norm, and the variants' fields (GQA/MQA's kv heads, MLA's
+    latent width, LSA's learned temperature)."""
+    return Attention(
+        cfg.embed_dim,
+        num_heads=cfg.num_heads,
+        qkv_bias=cfg.qkv_bias,
+        qk_norm=cfg.qk_norm,
+        attn_drop=cfg.attn_drop_rate,
+        proj_drop=cfg.drop_rate,
+        norm_layer=get_norm_layer(cfg.norm_layer),
+        num_kv_heads=cfg.num_kv_heads,
+        kv_latent_dim=cfg.kv_latent_dim,
+        lsa=cfg.lsa,
+    )
+
+
+def block_mlp(cfg: ViTConfig) -> nn.Module:
+    """A block's feed-forward layer as the config picks it: timm's Mlp (GELU) by default; SwiGLU at 2/3 of the hidden
+    size (three matrices instead of two: the same parameters); or a mixture of E experts of the dense MLP's size, each
+    token paying for top_k of them."""
+    dim, hidden = cfg.embed_dim, int(cfg.embed_dim * cfg.mlp_ratio)
+    if cfg.moe_experts > 0:
+        return MoEMlp(dim, hidden, num_experts=cfg.moe_experts, top_k=cfg.moe_top_k,
+                      capacity_factor=cfg.moe_capacity_factor, drop=cfg.drop_rate)  # fmt: skip
+    if cfg.mlp_layer == "swiglu":
+        return SwiGLU(dim, max(1, round(hidden * 2 / 3)), act_layer=nn.SiLU, drop=cfg.drop_rate)
+    return Mlp(dim, hidden, act_layer=nn.GELU, drop=cfg.drop_rate)
 
 
 class VisionTransformer(nn.Module):
