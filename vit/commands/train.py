@@ -36,15 +36,7 @@ from vit.data.folder import default_memory_budget_gb
 from vit.data.listing import write_split
 from vit.data.sources import public_class_path
 from vit.data.transforms import DataError
-from vit.evaluation.after_fit import (
-    adjust_after_fit,
-    calibration_lines,
-    measure_after_fit,
-    multilabel_after_fit,
-    soft_label_line,
-    test_after_fit,
-    unknown_line,
-)
+from vit.evaluation.after_fit import after_fit_lines
 from vit.evaluation.map_callback import AttentionMapCallback
 from vit.model.checkpoint import CheckpointError, load_checkpoint
 from vit.planning.estimate import RunEstimate
@@ -305,32 +297,11 @@ class ViTCLI(LightningCLI):
         elif (acc := self.trainer.callback_metrics.get("val/acc")) is not None:
             print(f"\nval/acc {float(acc):.4f} (last epoch) {took}; no checkpoint written")
         saved = [c.best_model_path for c in (cb, last) if c is not None and c.best_model_path]
-        device, tb = (
-            self.trainer.strategy.root_device,
-            next((lg for lg in self.trainer.loggers if isinstance(lg, TensorBoardLogger)), None),
-        )
-        try:
-            if saved and self.model.hparams.get("task") == "multilabel":
-                print(multilabel_after_fit(saved, self.datamodule, device, tb, self.trainer.global_step))
-                self._test_after_fit(saved[0], device, tb)
-                return  # no temperature, rejection record or logit adjustment: each reads a softmax over classes
-            if saved and self.model.hparams.get("posthoc_logit_adjust"):
-                if line := adjust_after_fit(saved, self.datamodule, device):
-                    print(line)
-            if saved:  # the temperature and the rejection record: one read, one pass, one write per checkpoint
-                best = measure_after_fit(saved, self.datamodule, device)[saved[0]]
-                print(calibration_lines(best, self.datamodule, tb, self.trainer.global_step))
-                if line := soft_label_line(best, self.datamodule, tb, self.trainer.global_step):
-                    print(line)
-                print(unknown_line(best))
-                self._test_after_fit(saved[0], device, tb)
-        finally:  # the passes over the validation set after fit are a stage of their own: free its loader workers
-            self.datamodule.teardown("validate")
-
-    def _test_after_fit(self, best: str, device, tb) -> None:
-        """The data's test split, scored once with the chosen checkpoint (test_metrics.json beside the logs)."""
-        out = Path(tb.log_dir if tb is not None else Path(best).parent, "test_metrics.json")
-        if line := test_after_fit(best, self.datamodule, device, tb, self.trainer.global_step, out):
+        if not saved:
+            return
+        tb = next((lg for lg in self.trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+        device, step = self.trainer.strategy.root_device, self.trainer.global_step
+        for line in after_fit_lines(saved, self.datamodule, self.model.hparams, device, tb, step):
             print(line)
 
 

@@ -3,6 +3,9 @@ post-hoc logit adjustment for a long-tailed folder; then, in one read and one wr
 temperature and the rejection record; the chosen checkpoint's accuracy, balanced accuracy and confusion matrix. The
 command prints the lines these return."""
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torchmetrics.functional.classification import multiclass_confusion_matrix
@@ -14,6 +17,31 @@ from vit.evaluation.map_callback import add_png
 from vit.evaluation.report import confusion_figure, figure_pixels
 from vit.evaluation.scores import balanced_accuracy
 from vit.evaluation.unknown import ACCEPT, features_of, rejection_record
+
+
+def after_fit_lines(saved: list[str], dm: ImageClassificationData, hparams, device: torch.device,
+                    tb: TensorBoardLogger | None, step: int) -> Iterator[str]:  # fmt: skip
+    """What `vit-train fit` does with its saved checkpoints (the best first) once training ends, in order, each step's
+    line as it is done: a multi-label model's thresholds; otherwise post-hoc logit adjustment where the run asked for
+    it, then in one pass the temperature and the rejection record, and what they measured; last, the data's test
+    split scored once with the best checkpoint (test_metrics.json beside the logs). The loaders of these passes over
+    the validation set are freed at the end, whatever happened."""
+    try:
+        if hparams.get("task") == "multilabel":  # no temperature, rejection or adjustment: each reads a softmax
+            yield multilabel_after_fit(saved, dm, device, tb, step)
+        else:
+            if hparams.get("posthoc_logit_adjust") and (line := adjust_after_fit(saved, dm, device)):
+                yield line
+            best = measure_after_fit(saved, dm, device)[saved[0]]
+            yield calibration_lines(best, dm, tb, step)
+            if line := soft_label_line(best, dm, tb, step):
+                yield line
+            yield unknown_line(best)
+        out = Path(tb.log_dir if tb is not None else Path(saved[0]).parent, "test_metrics.json")
+        if line := test_after_fit(saved[0], dm, device, tb, step, out):
+            yield line
+    finally:
+        dm.teardown("validate")
 
 
 def adjust_after_fit(paths: list[str], dm: ImageClassificationData, device: torch.device) -> str | None:
