@@ -8,7 +8,8 @@ storage), then streamed with per-rank sharding under DDP.
 capped local cache.) The chunks hold the original encoded files, so optimize is a copy, not a decode; images are
 decoded, resized and augmented per image in the DataLoader workers with torchvision's transforms, as on the streaming
 path of vit/data/transforms.py. Each rank reads its own share of the chunks: every image once per epoch across ranks
-(tested under 2-process DDP). litdata shuffles by chunk, then within a window, not globally (its GitHub issue 797).
+(tested under 2-process DDP). litdata shuffles by chunk, then within a window, not globally (a limitation its
+maintainers document in the Lightning-AI/litData tracker).
 """
 
 import io
