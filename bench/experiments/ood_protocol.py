@@ -38,6 +38,7 @@ from vit.evaluation.unknown import (
     auroc,
     class_thresholds,
     features_of,
+    fused_score,
     fusion_of,
     record_scores,
     reject_threshold,
@@ -126,16 +127,9 @@ def base_scores(entry: dict) -> dict[str, dict[str, torch.Tensor]]:
 def with_fusions(scores: dict[str, dict[str, torch.Tensor]]) -> dict[str, dict[str, torch.Tensor]]:
     """Every pair and triple of base scores summed after standardising each by its mean and spread on the validation
     set."""
-    val = scores["val"]
-    z = {n: (val[n].mean(), val[n].std().clamp_min(1e-12)) for n in val}
-    out = {}
-    for s, by in scores.items():
-        fused = dict(by)
-        for n in (2, 3):
-            for parts in itertools.combinations(sorted(by), n):
-                fused["+".join(parts)] = sum((by[a] - z[a][0]) / z[a][1] for a in parts)
-        out[s] = fused
-    return out
+    names = ["+".join(parts) for n in (2, 3) for parts in itertools.combinations(sorted(scores["val"]), n)]
+    fusions = {name: fusion_of(scores["val"], name) for name in names}
+    return {s: {**by, **{name: fused_score(by, name, f) for name, f in fusions.items()}} for s, by in scores.items()}
 
 
 def aurocs(scores: dict[str, dict[str, torch.Tensor]]) -> dict[str, dict[str, float]]:

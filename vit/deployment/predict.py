@@ -26,7 +26,7 @@ from vit.evaluation.attention_maps import (
     relevance,
 )
 from vit.evaluation.calibration import probabilities
-from vit.evaluation.unknown import Rejector, input_statistics
+from vit.evaluation.unknown import Rejector
 
 
 class ImageFiles(Dataset):
@@ -192,7 +192,7 @@ def predict(
                 feats = reject.forward(model, x)[1]  # a second forward only when the score needs the features
             else:
                 logits, feats = reject.forward(model, x)
-            unknown = reject(logits, feats, input_statistics(x)).tolist()
+            unknown = reject(logits, feats, reject.inputs(x)).tolist()
             if hparams.get("task") == "multilabel":  # several labels an image: every one above its threshold
                 top, given = labels_above(logits, names, topk, hparams["thresholds"])
                 for i, preds, labels in zip(idx, top, given):

@@ -30,7 +30,7 @@ from vit.data.images import describe, image_at, read_image, same_dtype
 from vit.deployment.onnx_model import load_onnx
 from vit.deployment.predict import channel_stats, class_names, labels_above, map_and_logits, normalize, top_k
 from vit.evaluation.attention_maps import denormalize, overlay
-from vit.evaluation.unknown import Rejector, input_statistics
+from vit.evaluation.unknown import Rejector
 from vit.model.checkpoint import load_model
 
 MAPS = ("none", "relevance", "rollout")
@@ -322,9 +322,7 @@ class ViTAPI(ls.LitAPI):
         x = normalize(x, self.mean, self.std)  # (B, C, S, S)
         with torch.inference_mode():
             logits, feats = self.reject.forward(self.model, x)
-        unknown = self.reject(
-            logits, feats, input_statistics(x)
-        ).tolist()  # the checkpoint's rejection; False without one
+        unknown = self.reject(logits, feats, self.reject.inputs(x)).tolist()  # the checkpoint's rejection, or False
         k_max = max(k for _, k, _, _ in items)
         if self.hparams.get("task") == "multilabel":  # each label's sigmoid, and the labels above their thresholds
             top, given = labels_above(logits, self.names, k_max, self.hparams["thresholds"])

@@ -223,9 +223,14 @@ def record_scores(record: dict | None, logits: torch.Tensor, feats: torch.Tensor
     parts = record["score"].split("+") if record else []
     out = unknown_scores(logits, feats, stats, tuple(names) + tuple(parts), inputs)
     if len(parts) > 1 and all(p in out for p in parts):
-        f = record["fusion"]
-        out[record["score"]] = sum((out[p] - c) / d for p, c, d in zip(parts, f["center"], f["spread"]))
+        out[record["score"]] = fused_score(out, record["score"], record["fusion"])
     return out
+
+
+def fused_score(scores: dict, name: str, fusion: dict) -> torch.Tensor:
+    """The fused score `name` ("a+b") from its parts' scores: each standardised by `fusion` (fusion_of), summed."""
+    parts = name.split("+")
+    return sum((scores[p] - c) / d for p, c, d in zip(parts, fusion["center"], fusion["spread"]))
 
 
 def rejection_record(train: tuple | None, val: tuple, class_names: list[str]) -> dict:
@@ -247,7 +252,7 @@ def rejection_record(train: tuple | None, val: tuple, class_names: list[str]) ->
     record = {"score": score, "accept": ACCEPT, "stats": stats or {}}
     if len(parts) > 1 and score == DEFAULT_SCORE:
         record["fusion"] = fusion_of(scores, score)
-        scores = record_scores(record, logits, feats, inputs)
+        scores[score] = fused_score(scores, score, record["fusion"])  # its parts are already scored
     thresholds = {name: reject_threshold(s) for name, s in scores.items()}
     per_class = class_thresholds(scores[score], logits.argmax(-1), len(class_names))
     return {**record, "threshold": thresholds[score], "thresholds": thresholds, "class_thresholds": per_class,
@@ -320,6 +325,11 @@ class Rejector:
         self.record = record
         self.score = record["score"] if record else None
         self.needs_features = any(p in FEATURE_SCORES for p in (self.score or "").split("+"))
+        self.needs_inputs = "input" in (self.score or "").split("+")
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The images' input_statistics where the score reads them (None otherwise: nothing computed)."""
+        return input_statistics(x) if self.needs_inputs else None
 
     def forward(self, model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits, pooled features or None) of one forward: the features only where the score needs them."""
