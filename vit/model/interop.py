@@ -20,7 +20,7 @@ from timm.layers import Mlp
 from vit.model.config import ViTConfig
 from vit.model.pretrained import find_pretrained
 from vit.model.timm_state import InteropError, config_from_state_dict, convert_from_timm, load_state_dict
-from vit.model.vision_transformer import VisionTransformer
+from vit.model.vision_transformer import Attention, VisionTransformer
 
 __all__ = ["InteropError", "from_timm", "load_state_dict", "timm_args", "to_timm"]
 
@@ -90,7 +90,7 @@ def timm_args(model: VisionTransformer) -> dict:
         or model.attn_pattern[0] != "global"
         or not isinstance(blk.mlp, Mlp)
         or model.use_rope
-        or blk.attn.kv_latent_dim
+        or type(blk.attn) is not Attention  # latent attention, LSA
         or model.cfg.stem != "patch"
         or model.cfg.lsa
     ):

@@ -29,57 +29,7 @@ from vit.model.layers import (
     sincos_2d_pos_embed,
 )
 from vit.model.moe import MoEMlp
-
-
-def conv_stem(in_chans: int, embed_dim: int, patch_size: int) -> nn.Sequential:
-    """Xiao et al. (2021)'s convolutional stem: n = log2(patch_size) 3x3 stride-2 convolutions, each followed by
-    BatchNorm and ReLU, widths embed_dim / 2^(n-1), ..., embed_dim / 2, embed_dim (at least 16, so that a long stem
-    in front of a narrow model keeps some channels at full resolution): (B, C, H, W) -> (B, D', H/p, W/p). Their ViT-S
-    stem (48, 96, 192, 384 for patch 16) is this rule at embed_dim 384."""
-    widths = stem_widths(embed_dim, patch_size)
-    layers: list[nn.Module] = []
-    for c_in, c_out in zip([in_chans, *widths], widths):
-        layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()]
-    return nn.Sequential(*layers)
-
-
-def stem_widths(embed_dim: int, patch_size: int) -> list[int]:
-    """The channels after each of a stem's log2(patch_size) halvings: embed_dim / 2^(n-1), ..., embed_dim, >= 16."""
-    n = patch_size.bit_length() - 1
-    return [max(16, embed_dim >> (n - 1 - i)) for i in range(n)]
-
-
-def resnet_stem(in_chans: int, embed_dim: int, patch_size: int) -> nn.Sequential:
-    """The ViT paper's hybrid embedding, small (Dosovitskiy et al. 2021 put ResNet-50's first stages there): a 3x3
-    stride-2 convolution with BatchNorm and ReLU, then per further halving one residual stage, timm's BasicBlock
-    (two 3x3 convolutions and a 1x1 stride-2 shortcut), at conv_stem's widths: (B, C, H, W) -> (B, D', H/p, W/p)."""
-    from timm.models.resnet import BasicBlock
-
-    widths = stem_widths(embed_dim, patch_size)
-    layers: list[nn.Module] = [
-        nn.Conv2d(in_chans, widths[0], 3, stride=2, padding=1, bias=False),
-        nn.BatchNorm2d(widths[0]),
-        nn.ReLU(),
-    ]
-    for c_in, c_out in zip(widths, widths[1:]):
-        shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=2, bias=False), nn.BatchNorm2d(c_out))
-        layers.append(BasicBlock(c_in, c_out, stride=2, downsample=shortcut))
-    return nn.Sequential(*layers)
-
-
-def shifted_patches(x: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """Shifted Patch Tokenization's input (Lee et al. 2021): the image and its four diagonal shifts by half a patch
-    (zeros where a shift leaves the frame), cut into patches: (B, C, H, W) -> (B, N, 5 C p^2), each patch flattened
-    (row, column, channel) as the paper's Rearrange('b c (h p1) (w p2) -> b (h w) (p1 p2 c)'). Pad and slice only:
-    it exports to ONNX and runs on any device."""
-    B, C, H, W = x.shape
-    s, p = patch_size // 2, patch_size
-    xp = F.pad(x, (s, s, s, s))  # (B, C, H + 2s, W + 2s)
-    # content moved down-right, down-left, up-right, up-left: a crop of the padded image at each corner
-    shifts = [xp[..., dy : dy + H, dx : dx + W] for dy in (0, 2 * s) for dx in (0, 2 * s)]
-    x = torch.cat([x, *shifts], dim=1)  # (B, 5C, H, W)
-    x = x.reshape(B, 5 * C, H // p, p, W // p, p).permute(0, 2, 4, 3, 5, 1)  # (B, H/p, W/p, p, p, 5C)
-    return x.reshape(B, (H // p) * (W // p), p * p * 5 * C)
+from vit.model.stems import conv_stem, resnet_stem, shifted_patches, stem_widths
 
 
 class PatchEmbed(nn.Module):
@@ -115,12 +65,22 @@ class PatchEmbed(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with QK-Norm.
+    """Multi-head self-attention with QK-Norm; `num_kv_heads` below `num_heads` shares each key/value head across a
+    group of query heads (grouped-query attention; 1: multi-query).
 
     `fused_attn` (per instance) picks `F.scaled_dot_product_attention` (FlashAttention / memory-efficient kernels on
     GPU, the flash kernel on CPU) or the manual `softmax(q k^T / sqrt(d)) v`, which materialises the weights: they pass
     through `attn_drop`, where `vit.evaluation.attention_maps` reads them.
+
+    The variants are subclasses, picked by the config's fields: `Attention(..., kv_latent_dim=r)` builds a
+    `LatentAttention`, `lsa=True` a `LocalitySelfAttention` (both: `LatentLocalityAttention`).
     """
+
+    def __new__(cls, *args, kv_latent_dim: int | None = None, lsa: bool = False, **kwargs):
+        if cls is Attention:
+            cls = {(False, False): Attention, (True, False): LatentAttention, (False, True): LocalitySelfAttention,
+                   (True, True): LatentLocalityAttention}[(bool(kv_latent_dim), bool(lsa))]  # fmt: skip
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -138,25 +98,11 @@ class Attention(nn.Module):
     ):
         super().__init__()
         self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads or num_heads  # < num_heads: grouped-query attention; 1: multi-query
+        self.num_kv_heads = num_kv_heads or num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
-        # Locality Self-Attention's learned temperature: logits q.k / temperature, from sqrt(head_dim); the
-        # diagonal mask comes with the block's attn_mask (VisionTransformer.attn_mask_for)
-        self.temperature = nn.Parameter(torch.tensor(self.head_dim**0.5)) if lsa else None
         self.fused_attn = True
-        kv_dim = self.num_kv_heads * self.head_dim
-        self.kv_latent_dim = kv_latent_dim
-        if kv_latent_dim:
-            # Multi-head latent attention (DeepSeek-V2), non-causal: keys and values are up-projected from one shared
-            # low-rank latent of each token, c = norm(W_down x); q comes from x directly (no decoupled RoPE here).
-            self.q = nn.Linear(dim, num_heads * self.head_dim, bias=qkv_bias)
-            self.kv_down = nn.Linear(dim, kv_latent_dim, bias=False)
-            self.kv_norm = norm_layer(kv_latent_dim)
-            self.kv_up = nn.Linear(kv_latent_dim, 2 * kv_dim, bias=qkv_bias)
-        else:
-            # q, then k and v for the kv heads only: [H * Dh | KV * Dh | KV * Dh] (timm's fused qkv when KV == H)
-            self.qkv = nn.Linear(dim, num_heads * self.head_dim + 2 * kv_dim, bias=qkv_bias)
+        self.projections(dim, qkv_bias, norm_layer, kv_latent_dim)  # lsa: read by __new__ only
         # One norm over head_dim shared by all heads (timm's qk_norm), applied before the dot product.
         self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
@@ -164,19 +110,26 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
+    def projections(self, dim: int, qkv_bias: bool, norm_layer, kv_latent_dim: int | None) -> None:
+        """q, then k and v for the kv heads only: [H * Dh | KV * Dh | KV * Dh] (timm's fused qkv when KV == H)."""
+        self.qkv = nn.Linear(dim, (self.num_heads + 2 * self.num_kv_heads) * self.head_dim, bias=qkv_bias)
+
     def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, H, N, Dh) and k, v (B, KV, N, Dh), q and k normalised."""
-        B, N, C = x.shape
         H, KV, Dh = self.num_heads, self.num_kv_heads, self.head_dim
-        if self.kv_latent_dim:
-            q = self.q(x)
-            k, v = self.kv_up(self.kv_norm(self.kv_down(x))).split([KV * Dh, KV * Dh], dim=-1)  # (B, N, latent) up
-        else:
-            q, k, v = self.qkv(x).split([H * Dh, KV * Dh, KV * Dh], dim=-1)
-        q = q.reshape(B, N, H, Dh).transpose(1, 2)  # (B, N, H * Dh) -> (B, H, N, Dh)
-        k = k.reshape(B, N, KV, Dh).transpose(1, 2)
-        v = v.reshape(B, N, KV, Dh).transpose(1, 2)
+        return self.split_heads(*self.qkv(x).split([H * Dh, KV * Dh, KV * Dh], dim=-1))
+
+    def split_heads(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, N, H * Dh) q and (B, N, KV * Dh) k, v -> (B, H, N, Dh), (B, KV, N, Dh) x 2, q and k normalised."""
+        B, N, _ = q.shape
+        q = q.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.reshape(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.reshape(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return self.q_norm(q), self.k_norm(k), v
+
+    def scaled_queries(self, q: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """q and the factor of q.k: 1 / sqrt(Dh)."""
+        return q, self.scale
 
     @torch.no_grad()
     def mimetic_init_(self, alpha1: float = 0.7, beta1: float = 0.7, alpha2: float = 0.4, beta2: float = 0.4) -> None:
@@ -201,9 +154,7 @@ class Attention(nn.Module):
         q, k, v = self.qkv_heads(x)  # (B, H, N, Dh), (B, KV, N, Dh), (B, KV, N, Dh)
         if rope is not None:  # 2D RoPE: positions enter as rotations of q and k
             q, k = rotate_patch_tokens(q, k, *rope)
-        scale = self.scale
-        if self.temperature is not None:  # LSA: a learned temperature instead of sqrt(Dh), into q (SDPA's is a float)
-            q, scale = q / self.temperature, 1.0
+        q, scale = self.scaled_queries(q)
         if self.fused_attn:  # enable_gqa: SDPA shares each kv head across its group of query heads without a copy
             x = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=self.num_kv_heads != self.num_heads,
@@ -213,6 +164,40 @@ class Attention(nn.Module):
             x = eager_attention(q, k, v, attn_mask, scale, self.attn_drop)
         x = x.transpose(1, 2).reshape(B, N, C)  # (B, H, N, Dh) -> (B, N, D)
         return self.proj_drop(self.proj(x))
+
+
+class LatentAttention(Attention):
+    """Multi-head latent attention (DeepSeek-V2), non-causal: keys and values are up-projected from one shared
+    low-rank latent of each token, c = norm(W_down x) (B, N, kv_latent_dim); q comes from x directly (no decoupled RoPE
+    here)."""
+
+    def projections(self, dim: int, qkv_bias: bool, norm_layer, kv_latent_dim: int | None) -> None:
+        self.kv_latent_dim = kv_latent_dim
+        self.q = nn.Linear(dim, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.kv_down = nn.Linear(dim, kv_latent_dim, bias=False)
+        self.kv_norm = norm_layer(kv_latent_dim)
+        self.kv_up = nn.Linear(kv_latent_dim, 2 * self.num_kv_heads * self.head_dim, bias=qkv_bias)
+
+    def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        k, v = self.kv_up(self.kv_norm(self.kv_down(x))).chunk(2, dim=-1)  # (B, N, latent) -> 2 x (B, N, KV * Dh)
+        return self.split_heads(self.q(x), k, v)
+
+
+class LocalitySelfAttention(Attention):
+    """Locality Self-Attention (Lee et al. 2021): logits q.k / temperature with a learned temperature (from
+    sqrt(Dh)); the diagonal mask, so that a token never attends to itself, comes with the block's attn_mask
+    (VisionTransformer.attn_mask_for)."""
+
+    def projections(self, dim: int, qkv_bias: bool, norm_layer, kv_latent_dim: int | None) -> None:
+        self.temperature = nn.Parameter(torch.tensor(self.head_dim**0.5))
+        super().projections(dim, qkv_bias, norm_layer, kv_latent_dim)
+
+    def scaled_queries(self, q: torch.Tensor) -> tuple[torch.Tensor, float]:
+        return q / self.temperature, 1.0  # into q: SDPA's scale is a float
+
+
+class LatentLocalityAttention(LocalitySelfAttention, LatentAttention):
+    """LSA's temperature over MLA's projections."""
 
 
 def rotate_patch_tokens(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple:

@@ -1,0 +1,30 @@
+"""The attention variants as classes of their own (timm's layout), chosen from the config in one place."""
+
+from vit.model.vision_transformer import (
+    Attention,
+    LatentAttention,
+    LatentLocalityAttention,
+    LocalitySelfAttention,
+    VisionTransformer,
+)
+
+SMALL = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5)
+
+
+def test_each_attention_variant_is_a_class_of_its_own_picked_by_the_config():
+    """timm's style: the plain Attention holds no variant's parameters; the config's fields pick the subclass."""
+    picks = {
+        (None, False): Attention,
+        (8, False): LatentAttention,
+        (None, True): LocalitySelfAttention,
+        (8, True): LatentLocalityAttention,
+    }
+    for (latent, lsa), cls in picks.items():
+        model = VisionTransformer(**SMALL, kv_latent_dim=latent, lsa=lsa)
+        assert all(type(blk.attn) is cls for blk in model.blocks)
+        assert type(Attention(32, num_heads=4, kv_latent_dim=latent, lsa=lsa)) is cls
+    plain = {name for name, _ in Attention(32, num_heads=4).named_parameters()}
+    assert plain == {"qkv.weight", "qkv.bias", "q_norm.weight", "q_norm.bias", "k_norm.weight", "k_norm.bias",
+                     "proj.weight", "proj.bias"}  # fmt: skip
+    both = {name for name, _ in Attention(32, num_heads=4, kv_latent_dim=8, lsa=True).named_parameters()}
+    assert {"temperature", "kv_down.weight", "kv_up.weight", "q.weight"} <= both and "qkv.weight" not in both
