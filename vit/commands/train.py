@@ -223,27 +223,18 @@ class ViTCLI(LightningCLI):
             dm = self.datamodule
             write_split(Path(logger.log_dir, "split.csv"), dm.root, dm.samples, dm.listing)
         if config.get("find_label_issues"):
-            self._find_label_issues(logger)
+            from vit.evaluation.label_issues import label_issue_finder
+
+            folder = run_files_folder(logger, self.trainer.checkpoint_callbacks)
+            try:
+                self.trainer.callbacks.append(label_issue_finder(self.datamodule, folder))
+            except ValueError as e:
+                raise UsageError(f"error: {e}") from None
         if self._plan is not None:
             self._save_plan_and_keep_budget(logger)
         else:  # a fixed recipe: say early how long it will take here
             self.trainer.callbacks.append(RunEstimate())
         self._start = time.perf_counter()
-
-    def _find_label_issues(self, logger) -> None:
-        from vit.data.folder import ImageFolderDataModule
-        from vit.evaluation.label_issues import LabelIssueFinder
-
-        if not isinstance(self.datamodule, ImageFolderDataModule):
-            raise UsageError("error: --find_label_issues true needs a folder of images (--data.root PATH)")
-        if self.datamodule.task == "multilabel":
-            raise UsageError("error: --find_label_issues true ranks one label an image; not for multi-label data")
-        folder = run_files_folder(logger, self.trainer.checkpoint_callbacks)
-        if folder is None:
-            raise UsageError(
-                "error: --find_label_issues true needs a logger or checkpoints: where would label_issues.csv go?"
-            )
-        self.trainer.callbacks.append(LabelIssueFinder(Path(folder, "label_issues.csv").resolve()))
 
     def _save_plan_and_keep_budget(self, logger) -> None:
         plan, deadline = self._plan

@@ -68,6 +68,20 @@ def read_label_issues(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def label_issue_finder(datamodule, folder: str | Path | None) -> "LabelIssueFinder":
+    """The callback for `--find_label_issues true`, writing `folder`/label_issues.csv; a ValueError that says why
+    when the run cannot have one (not a folder of images, several labels an image, nowhere to write)."""
+    from vit.data.folder import ImageFolderDataModule
+
+    if not isinstance(datamodule, ImageFolderDataModule):
+        raise ValueError("--find_label_issues true needs a folder of images (--data.root PATH)")
+    if datamodule.task == "multilabel":
+        raise ValueError("--find_label_issues true ranks one label an image; not for multi-label data")
+    if folder is None:
+        raise ValueError("--find_label_issues true needs a logger or checkpoints: where would label_issues.csv go?")
+    return LabelIssueFinder(Path(folder, "label_issues.csv").resolve())
+
+
 class LabelIssueFinder(L.Callback):
     """Averages the softmax over the training images at `snapshot_epochs`, then writes label_issues.csv to `out` at
     the end of fit (on rank zero). For a folder (vit.data.ImageFolderDataModule): its training files are the rows."""

@@ -71,3 +71,13 @@ class ConfusionCounts(Metric):
         seen = present | (predicted > 0)
         f1_macro = f1[seen].mean() if seen.any() else f1.new_zeros(())
         return balanced.float(), f1_macro.float()
+
+
+def expert_usage_histograms(experiment, counts: torch.Tensor, step: int) -> None:
+    """A TensorBoard histogram per MoE block, moe/expert_usage/layer_i, of its (blocks, E) token counts."""
+    experts = torch.arange(counts.shape[1])
+    for i, layer in enumerate(counts):
+        if layer.sum():
+            experiment.add_histogram(
+                f"moe/expert_usage/layer_{i}", experts.repeat_interleave(layer), step, bins=len(experts)
+            )

@@ -18,6 +18,8 @@ import math
 import torch
 from torch import nn
 
+from vit.training.schedules import layer_id
+
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's quintic iteration
 
 
@@ -169,3 +171,33 @@ def split_for_muon(model: nn.Module, groups: list[dict]) -> tuple[list[dict], li
             if params:
                 target.append({**g, "params": params})
     return muon, adamw
+
+
+def decay_groups(model: nn.Module, lr: float, weight_decay: float, layer_decay: float | None) -> list[dict]:
+    """AdamW's parameter groups for the ViT: no decay on norms, biases and `model.no_weight_decay()`; with
+    `layer_decay` (BEiT), block i of L at lr * layer_decay ** (L + 1 - i)."""
+    skip, depth = model.no_weight_decay(), len(model.blocks)
+    groups: dict[tuple[int, bool], list] = {}  # (layer id, decayed) -> params
+    for name, p in model.named_parameters():
+        no_decay = p.ndim <= 1 or name in skip
+        # Groups per layer only when layer_decay needs them: fused AdamW runs one kernel per group (10 groups
+        # instead of 2: 1% more per digits epoch on a 2-core CPU).
+        layer = layer_id(name, depth) if layer_decay else depth + 1
+        groups.setdefault((layer, not no_decay), []).append(p)
+    return [
+        {
+            "params": params,
+            "weight_decay": weight_decay if decayed else 0.0,
+            "lr": lr * (layer_decay ** (depth + 1 - layer) if layer_decay else 1.0),
+        }
+        for (layer, decayed), params in sorted(groups.items())
+    ]
+
+
+def params_with_grads(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
+    """The parameters the optimizer would update (those without a gradient, e.g. frozen ones, left out)."""
+    return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+
+def grads_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p.grad for p in params_with_grads(getattr(optimizer, "optimizer", optimizer))]
