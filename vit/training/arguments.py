@@ -2,6 +2,7 @@
 the field and the value (the architecture's own fields are checked by ViTConfig)."""
 
 from vit.model.config import ViTConfig
+from vit.training.teacher import check_teacher_name
 
 
 def check_arguments(
@@ -15,6 +16,8 @@ def check_arguments(
     schedule: str,
     resize_from: int,
     class_names: list[str] | None,
+    teacher: str | None = None,
+    task: str = "multiclass",
 ) -> None:
     """ViTClassifier's arguments, checked at construction: a one-line ValueError naming the field and the value.
     `numbers` must be >= 0, `shares` in [0, 1]."""
@@ -41,3 +44,7 @@ def check_arguments(
         )
     if class_names is not None and len(class_names) != arch.num_classes:
         raise ValueError(f"class_names has {len(class_names)} names but num_classes={arch.num_classes}")
+    if teacher:
+        if task != "multiclass":
+            raise ValueError(f"teacher={teacher!r}: distillation takes one label an image, not task={task!r}")
+        check_teacher_name(teacher)

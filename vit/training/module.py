@@ -22,12 +22,13 @@ from vit.model.moe import MoEMlp
 from vit.model.pretrained import find_pretrained, load_pretrained
 from vit.model.vision_transformer import VisionTransformer
 from vit.training.arguments import check_arguments
-from vit.training.metrics import ConfusionCounts, TopKAccuracy
+from vit.training.metrics import ConfusionCounts, TopKAccuracy, expert_usage_histograms
 from vit.training.multilabel import multilabel_loss, multilabel_metrics
 from vit.training.nonfinite import NonFiniteGuard, supports_found_inf
-from vit.training.optim import MuonWithAdamW, split_for_muon
+from vit.training.optim import MuonWithAdamW, decay_groups, grads_of, params_with_grads, split_for_muon
 from vit.training.rng import restore_rng_states, rng_states
-from vit.training.schedules import layer_id, lr_factor, schedule_warmup, train_side
+from vit.training.schedules import lr_factor, schedule_warmup, train_side
+from vit.training.teacher import TeacherFit
 
 
 class NonFiniteLossError(RuntimeError):
@@ -77,6 +78,8 @@ class ViTClassifier(L.LightningModule):
         class_names, mean, std: linked from the DataModule by `train.py`; saved for predict.
         task: linked from the DataModule: "multiclass" (one label an image, softmax), or "multilabel" (several: a
             sigmoid per label, binary cross-entropy, val/mAP and F1; vit/training/multilabel.py).
+        teacher: a timm CNN trained from scratch first, for `teacher_share` of the budget, or a teacher.safetensors
+            of an earlier run; then DeiT's hard distillation with weight `distill_weight` (vit/training/teacher.py).
     """
 
     def __init__(
@@ -107,6 +110,9 @@ class ViTClassifier(L.LightningModule):
         posthoc_logit_adjust: bool = False,
         class_names: list[str] | None = None,
         task: Literal["multiclass", "multilabel"] = "multiclass",
+        teacher: str | None = None,
+        teacher_share: float = 0.3,
+        distill_weight: float = 0.5,
         mean: tuple[float, ...] = (0.5, 0.5, 0.5),
         std: tuple[float, ...] = (0.5, 0.5, 0.5),
     ):
@@ -119,14 +125,11 @@ class ViTClassifier(L.LightningModule):
                      "mixup_alpha": mixup_alpha, "cutmix_alpha": cutmix_alpha, "moe_aux_weight": moe_aux_weight,
                      "logit_adjust_tau": logit_adjust_tau},
             shares={"label_smoothing": label_smoothing, "mixup_prob": mixup_prob, "min_lr_ratio": min_lr_ratio,
-                    "resize_until": resize_until, "patch_drop_until": patch_drop_until},
-            ema_decay=ema_decay,
-            layer_decay=layer_decay,
-            freeze_backbone_epochs=freeze_backbone_epochs,
-            optimizer=optimizer,
-            schedule=schedule,
-            resize_from=resize_from,
-            class_names=class_names,
+                    "resize_until": resize_until, "patch_drop_until": patch_drop_until,
+                    "teacher_share": teacher_share, "distill_weight": distill_weight},
+            ema_decay=ema_decay, layer_decay=layer_decay, freeze_backbone_epochs=freeze_backbone_epochs,
+            optimizer=optimizer, schedule=schedule, resize_from=resize_from, class_names=class_names,
+            teacher=teacher, task=task,
         )  # fmt: skip
         # Plain types only (lists, not tuples of objects): the checkpoint must load with weights_only=True.
         self.save_hyperparameters()
@@ -142,15 +145,10 @@ class ViTClassifier(L.LightningModule):
         self._expert_counts = torch.zeros(len(self._moe_layers), arch.moe_experts, dtype=torch.long)
         if init_from:  # the checkpoint keeps the weights: on_save_checkpoint forgets the file (see there)
             load_pretrained(self.model, find_pretrained(init_from, arch.num_heads), class_names)
-        self.mixup = None
+        self.mixup = None  # timm's Mixup/CutMix on the batch, and the loss of its soft targets
         if mixup_alpha > 0 or cutmix_alpha > 0:
-            self.mixup = Mixup(
-                mixup_alpha=mixup_alpha,
-                cutmix_alpha=cutmix_alpha,
-                prob=mixup_prob,
-                label_smoothing=label_smoothing,
-                num_classes=arch.num_classes,
-            )
+            self.mixup = Mixup(mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, prob=mixup_prob,
+                               label_smoothing=label_smoothing, num_classes=arch.num_classes)  # fmt: skip
             self.soft_ce = SoftTargetCrossEntropy()
         self._add_metrics(arch.num_classes)
         if task == "multilabel":
@@ -159,6 +157,10 @@ class ViTClassifier(L.LightningModule):
         self._grad_norm: torch.Tensor | None = None  # () of this step's gradients, set in on_before_optimizer_step
         self._frozen: list[torch.nn.Parameter] = []  # backbone parameters whose gradients a DDP step drops
         self._log_prior: torch.Tensor | None = None  # (C,) tau * log(class shares), set in on_fit_start
+        # The frozen teacher, set by TeacherFit; in __dict__, outside the module tree: not in the state dict, not
+        # moved by .to(), not seen by the optimizer
+        self.__dict__["teacher"] = None
+        self.teacher_scores, self.teacher_record = {}, {}  # logged as teacher/*; saved as the checkpoints' `teacher`
 
     def _add_metrics(self, num_classes: int) -> None:
         """Top-1 / top-5 and the confusion counts, counted on the device without a host read (training/metrics.py)."""
@@ -177,14 +179,34 @@ class ViTClassifier(L.LightningModule):
             self._compiled = True
 
     def configure_callbacks(self) -> list[L.Callback]:
+        callbacks: list[L.Callback] = []
         if self.hparams.get("ema_decay", 0.0) > 0:
             from vit.training.ema import EMA  # Lightning's EMAWeightAveraging without its two host reads a step
 
-            return [EMA(decay=self.hparams.ema_decay)]
-        return []
+            callbacks.append(EMA(decay=self.hparams.ema_decay))
+        if self.hparams.get("teacher"):
+            callbacks.append(TeacherFit(self.hparams.teacher, self.hparams.teacher_share))
+        return callbacks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
+
+    def set_teacher(self, teacher: torch.nn.Module, mean: torch.Tensor, std: torch.Tensor, record: dict) -> None:
+        """The frozen teacher, the student's normalisation (mean, std: (1, C, 1, 1) on the device) and what the
+        teacher scored alone (logged as teacher/*, saved in the checkpoints' `teacher` key)."""
+        self.__dict__["teacher"] = teacher
+        self._teacher_norm = (mean, std)
+        self.teacher_record = record
+        self.teacher_scores = {f"teacher/{k}": float(record[k]) for k in ("val_acc", "val_acc_balanced")}
+
+    def distilled(self, logits: torch.Tensor, x: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+        """DeiT's hard distillation: the loss mixed with CE against the teacher's class on the same batch x."""
+        if self.teacher is None:  # no teacher, or a multi-label task (refused when built)
+            return loss
+        with torch.no_grad():
+            target = self.teacher(self.teacher.renormalise(x, *self._teacher_norm)).argmax(-1)  # (B,)
+        w = self.hparams.distill_weight
+        return (1 - w) * loss + w * F.cross_entropy(logits, target)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -196,13 +218,16 @@ class ViTClassifier(L.LightningModule):
         multi = self.hparams.get("task") == "multilabel"
         if self.mixup is not None and len(x) % 2 == 0:  # timm's Mixup pairs images: it needs an even batch
             x, y_soft = mix_soft(self.mixup, x, y) if soft else self.mixup(x, y)
-            loss = multilabel_loss(self(x), y_soft) if multi else self.soft_ce(self(x) + prior, y_soft)
+            logits = self(x)
+            loss = multilabel_loss(logits, y_soft) if multi else self.soft_ce(logits + prior, y_soft)
+            loss = self.distilled(logits, x, loss)
         elif multi:
             loss = multilabel_loss(self(x), y)
         else:
             logits = self(x)
             # cross_entropy takes class indices or probabilities alike (label smoothing applies to both)
             loss = F.cross_entropy(logits + prior, y, label_smoothing=self.hparams.label_smoothing)
+            loss = self.distilled(logits, x, loss)
             # update only: one log of the epoch's accuracy in on_train_epoch_end instead of a self.log per step
             # (each costs Lightning an apply_to_collection over the metric), and no per-batch compute
             self.train_acc.update(logits.detach(), y.argmax(-1) if soft else y)
@@ -284,6 +309,8 @@ class ViTClassifier(L.LightningModule):
         if self._skipped:
             self.log("train/skipped_nonfinite", float(self._skipped))
             self._skipped = 0
+        if self.teacher_scores:  # constant: the teacher alone, beside the student's curves
+            self.log_dict(self.teacher_scores)
         if self.train_acc.update_called:  # Mixup/CutMix batches have no hard labels to score
             self.log("train/acc", self.train_acc.compute())
             self.train_acc.reset()
@@ -291,15 +318,7 @@ class ViTClassifier(L.LightningModule):
             return
         tb = next((lg for lg in self.loggers if isinstance(lg, TensorBoardLogger)), None)
         if tb is not None and self.trainer.is_global_zero:
-            experts = torch.arange(self._expert_counts.shape[1])
-            for i, counts in enumerate(self._expert_counts.cpu()):  # once an epoch
-                if counts.sum():
-                    tb.experiment.add_histogram(
-                        f"moe/expert_usage/layer_{i}",
-                        experts.repeat_interleave(counts),
-                        self.global_step,
-                        bins=len(experts),
-                    )
+            expert_usage_histograms(tb.experiment, self._expert_counts.cpu(), self.global_step)  # once an epoch
         self._expert_counts.zero_()
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -309,6 +328,8 @@ class ViTClassifier(L.LightningModule):
             # The weights are in the state dict: reloading must not read the original file (it may have moved).
             checkpoint["hyper_parameters"] = {**hp, "init_from": None}
             checkpoint["init_from"] = str(hp["init_from"])  # where they came from, for the record
+        if self.teacher_record:  # the teacher's name, epochs, seconds and scores alone, for the record
+            checkpoint["teacher"] = dict(self.teacher_record)
         checkpoint["rng_states"] = rng_states()  # resuming continues the exact random stream (vit/training/rng.py)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -397,22 +418,7 @@ class ViTClassifier(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        skip, depth = self.model.no_weight_decay(), len(self.model.blocks)
-        groups: dict[tuple[int, bool], list] = {}  # (layer id, decayed) -> params
-        for name, p in self.model.named_parameters():
-            no_decay = p.ndim <= 1 or name in skip
-            # Groups per layer only when layer_decay needs them: fused AdamW runs one kernel per group (10 groups
-            # instead of 2: 1% more per digits epoch on a 2-core CPU).
-            layer = layer_id(name, depth) if hp.layer_decay else depth + 1
-            groups.setdefault((layer, not no_decay), []).append(p)
-        param_groups = [
-            {
-                "params": params,
-                "weight_decay": hp.weight_decay if decayed else 0.0,
-                "lr": hp.lr * (hp.layer_decay ** (depth + 1 - layer) if hp.layer_decay else 1.0),
-            }
-            for (layer, decayed), params in sorted(groups.items())
-        ]
+        param_groups = decay_groups(self.model, hp.lr, hp.weight_decay, hp.layer_decay)
         if hp.get("optimizer", "adamw") == "muon":
             muon, adamw = split_for_muon(self.model, param_groups)
             optimizer = MuonWithAdamW(muon, adamw, lr=hp.lr, betas=tuple(hp.betas))
@@ -440,12 +446,3 @@ def mix_soft(mixup: Mixup, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tens
     smoothing, classes = mixup.label_smoothing, y.shape[-1]
     y = y * (1.0 - smoothing) + smoothing / classes
     return x, y * lam + y.flip(0) * (1.0 - lam)
-
-
-def params_with_grads(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
-    """The parameters the optimizer would update (those without a gradient, e.g. frozen ones, left out)."""
-    return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-
-
-def grads_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [p.grad for p in params_with_grads(getattr(optimizer, "optimizer", optimizer))]

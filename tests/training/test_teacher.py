@@ -1,0 +1,97 @@
+"""vit/training/teacher.py: a CNN teacher trained inside the run, DeiT's hard distillation, the teacher file."""
+
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import SMOKE
+from safetensors.torch import save_file
+
+import train
+from vit.model.config import ViTConfig
+from vit.training.module import ViTClassifier
+from vit.training.teacher import TEACHER_FILE, Teacher, check_teacher_name, load_teacher
+
+TINY = ViTConfig(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4)
+
+
+class Constant(torch.nn.Module):
+    """A stand-in CNN that always answers `cls` and records what it was shown."""
+
+    def __init__(self, cls: int, classes: int = 4):
+        super().__init__()
+        self.logits = torch.nn.functional.one_hot(torch.tensor(cls), classes).float() * 5
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x):
+        self.seen.append(x)
+        return self.logits.expand(len(x), -1)
+
+
+def test_the_distilled_loss_mixes_the_labels_and_the_teachers_class_seen_in_its_own_normalisation():
+    module = ViTClassifier(arch=TINY, label_smoothing=0.0, distill_weight=0.25)
+    module.eval()  # no dropout: the same logits twice
+    teacher = Teacher("test_resnet", 4, 3, mean=[0.2] * 3, std=[0.1] * 3)
+    teacher.net = Constant(cls=3)
+    mean, std = torch.full((1, 3, 1, 1), 0.5), torch.full((1, 3, 1, 1), 0.25)
+    module.set_teacher(teacher, mean, std, {"val_acc": 0.9, "val_acc_balanced": 0.8})
+    x, y = torch.randn(6, 3, 16, 16), torch.tensor([0, 1, 2, 0, 1, 2])
+    with torch.no_grad():
+        loss = module.training_step((x, y), 0)
+        logits = module(x)
+    expected = 0.75 * F.cross_entropy(logits, y) + 0.25 * F.cross_entropy(logits, torch.full_like(y, 3))
+    torch.testing.assert_close(loss, expected)
+    # the teacher saw the pixels (x * 0.25 + 0.5) normalised its way ((. - 0.2) / 0.1)
+    torch.testing.assert_close(teacher.net.seen[0], (x * 0.25 + 0.5 - 0.2) / 0.1)
+    assert not any("teacher" in k for k in module.state_dict())  # only the ViT is saved
+    assert module.teacher_scores == {"teacher/val_acc": 0.9, "teacher/val_acc_balanced": 0.8}
+
+
+def test_a_teacher_file_reloads_with_the_same_answers_and_a_wrong_one_is_named(tmp_path):
+    teacher = Teacher("test_resnet", 4, 1, mean=[0.3], std=[0.2]).eval()
+    teacher.save(tmp_path / "t.safetensors", epochs=3, val_acc=0.5)
+    again, record = load_teacher(tmp_path / "t.safetensors", num_classes=4, in_chans=1)
+    x = torch.randn(2, 1, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(again.eval()(x), teacher(x))
+    assert record["epochs"] == 3 and record["name"] == "test_resnet" and record["mean"] == pytest.approx([0.3])
+    with pytest.raises(ValueError, match=r"t.safetensors: the teacher has 4 classes and 1 channels, the run 10 and 1"):
+        load_teacher(tmp_path / "t.safetensors", num_classes=10, in_chans=1)
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(ValueError, match=r"other.safetensors: not a teacher file"):
+        load_teacher(tmp_path / "other.safetensors", num_classes=4, in_chans=1)
+    with pytest.raises(ValueError, match=r"teacher='resnet_nope': neither a timm model name"):
+        check_teacher_name("resnet_nope")
+    with pytest.raises(ValueError, match=r"teacher='gone.safetensors': no such file"):
+        ViTClassifier(arch=TINY, teacher="gone.safetensors")
+    with pytest.raises(ValueError, match=r"distillation takes one label an image, not task='multilabel'"):
+        ViTClassifier(arch=TINY, teacher="test_resnet", task="multilabel")
+
+
+def test_fit_trains_the_teacher_first_saves_it_and_a_second_run_reuses_the_file(in_tmp, monkeypatch):
+    args = ["fit", "--config", SMOKE, "--attention_maps.every_n_epochs", "0", "--trainer.enable_progress_bar", "false"]
+    cli = train.main([*args, "--model.teacher", "test_resnet", "--model.teacher_share", "0.5"])
+    folder = in_tmp / "checkpoints" / "smoke" / "version_0"
+    ckpt = torch.load(folder / "last.ckpt", weights_only=True)
+    record = ckpt["teacher"]
+    assert record["name"] == "test_resnet" and record["epochs"] == 1  # 0.5 of max_epochs=2, without a budget
+    assert 0.0 <= record["val_acc"] <= 1.0 and record["seconds"] > 0
+    assert cli.trainer.callback_metrics["teacher/val_acc"] == pytest.approx(record["val_acc"], abs=1e-4)
+    assert all(k.startswith("model.") for k in ckpt["state_dict"])  # the ViT alone
+    assert not cli.model.teacher.training and not any(p.requires_grad for p in cli.model.teacher.parameters())
+
+    callers = []  # who asked the teacher: the student's loss (distilled) or the teacher's own scoring (score)
+    forward = Teacher.forward
+
+    def counted(self, x):
+        callers.append(next(f.function for f in inspect.stack() if f.function in ("distilled", "score")))
+        return forward(self, x)
+
+    monkeypatch.setattr(Teacher, "forward", counted)
+    train.main([*args, "--model.teacher", str(folder / TEACHER_FILE)])
+    again = in_tmp / "checkpoints" / "smoke" / "version_1"
+    assert torch.load(again / "last.ckpt", weights_only=True)["teacher"]["epochs"] == record["epochs"]
+    assert not (again / TEACHER_FILE).exists()  # reused, not trained again
+    assert callers.count("distilled") == 2 * 4  # every training step of the 2 epochs of 4 batches
+    assert callers.count("score") >= 1
