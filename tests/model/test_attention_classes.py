@@ -1,10 +1,13 @@
-"""The attention variants as classes of their own (timm's layout), chosen from the config in one place."""
+"""The attention and block variants as classes of their own (timm's layout), chosen from the config in one place."""
 
+from vit.model.config import ViTConfig
 from vit.model.vision_transformer import (
     Attention,
+    Block,
     LatentAttention,
     LatentLocalityAttention,
     LocalitySelfAttention,
+    PostNormBlock,
     VisionTransformer,
 )
 
@@ -28,3 +31,12 @@ def test_each_attention_variant_is_a_class_of_its_own_picked_by_the_config():
                      "proj.weight", "proj.bias"}  # fmt: skip
     both = {name for name, _ in Attention(32, num_heads=4, kv_latent_dim=8, lsa=True).named_parameters()}
     assert {"temperature", "kv_down.weight", "kv_up.weight", "q.weight"} <= both and "qkv.weight" not in both
+
+
+def test_post_norm_is_a_block_class_of_its_own_with_the_same_parameter_names():
+    pre = Block(ViTConfig(embed_dim=32, num_heads=4))
+    post = Block(ViTConfig(embed_dim=32, num_heads=4, norm_position="post"))
+    assert type(pre) is Block and type(post) is PostNormBlock and post.post_norm and not pre.post_norm
+    assert list(pre.state_dict()) == list(post.state_dict())  # old Post-Norm checkpoints load by the same names
+    model = VisionTransformer(**SMALL, norm_position="post")
+    assert all(type(blk) is PostNormBlock for blk in model.blocks)

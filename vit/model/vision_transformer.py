@@ -223,9 +223,13 @@ def eager_attention(q, k, v, attn_mask: torch.Tensor | None, scale: float, attn_
 
 
 class Block(nn.Module):
-    """Transformer block: Pre-Norm x + attn(norm1(x)), then x + mlp(norm2(x)) (or Post-Norm), LayerScale, DropPath.
+    """Transformer block, Pre-Norm: x + attn(norm1(x)), then x + mlp(norm2(x)), with LayerScale and DropPath.
 
-    Built from the architecture config; `drop_path` is this block's own rate (it grows with depth)."""
+    Built from the architecture config; `drop_path` is this block's own rate (it grows with depth). A config with
+    `norm_position: post` builds a `PostNormBlock` (the same layers, the original Transformer's order)."""
+
+    def __new__(cls, cfg: ViTConfig, drop_path: float = 0.0):
+        return super().__new__(PostNormBlock if cls is Block and cfg.norm_position == "post" else cls)
 
     def __init__(self, cfg: ViTConfig, drop_path: float = 0.0):
         super().__init__()
@@ -241,11 +245,16 @@ class Block(nn.Module):
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
-        if self.post_norm:  # the original Transformer's order: normalise after each residual sum
-            x = self.norm1(x + self.drop_path1(self.ls1(self.attn(x, attn_mask, rope))))
-            return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask, rope)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+class PostNormBlock(Block):
+    """Post-Norm (Vaswani et al. 2017): normalise after each residual sum instead of before each branch."""
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
+        x = self.norm1(x + self.drop_path1(self.ls1(self.attn(x, attn_mask, rope))))
+        return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
 
 
 def block_attention(cfg: ViTConfig) -> Attention:
