@@ -1,5 +1,9 @@
 """The attention and block variants as classes of their own (timm's layout), chosen from the config in one place."""
 
+import copy
+
+import torch
+
 from vit.model.config import ViTConfig
 from vit.model.vision_transformer import (
     Attention,
@@ -38,5 +42,10 @@ def test_post_norm_is_a_block_class_of_its_own_with_the_same_parameter_names():
     post = Block(ViTConfig(embed_dim=32, num_heads=4, norm_position="post"))
     assert type(pre) is Block and type(post) is PostNormBlock and post.post_norm and not pre.post_norm
     assert list(pre.state_dict()) == list(post.state_dict())  # old Post-Norm checkpoints load by the same names
-    model = VisionTransformer(**SMALL, norm_position="post")
+    model = VisionTransformer(**SMALL, norm_position="post", kv_latent_dim=8)
     assert all(type(blk) is PostNormBlock for blk in model.blocks)
+    copied = copy.deepcopy(model)  # as the EMA copies the model: classes and weights kept
+    assert [type(b) for b in copied.blocks] == [PostNormBlock] * 2
+    assert all(type(b.attn) is LatentAttention for b in copied.blocks)
+    x = torch.randn(1, 3, 32, 32)
+    torch.testing.assert_close(copied.eval()(x), model.eval()(x))

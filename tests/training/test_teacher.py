@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 import train
 from vit.model.config import ViTConfig
 from vit.training.module import ViTClassifier
-from vit.training.teacher import TEACHER_FILE, Teacher, check_teacher_name, load_teacher
+from vit.training.teacher import TEACHER_FILE, Teacher, TeacherFit, check_teacher_name, load_teacher
 
 TINY = ViTConfig(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4)
 
@@ -95,3 +95,11 @@ def test_fit_trains_the_teacher_first_saves_it_and_a_second_run_reuses_the_file(
     assert not (again / TEACHER_FILE).exists()  # reused, not trained again
     assert callers.count("distilled") == 2 * 4  # every training step of the 2 epochs of 4 batches
     assert callers.count("score") >= 1
+
+    def no_training(*args):
+        raise AssertionError("a resumed run trained a second teacher")
+
+    monkeypatch.setattr(TeacherFit, "train", no_training)  # resuming reloads the file the run wrote
+    cli = train.main([*args, "--model.teacher", "test_resnet", "--ckpt_path", str(folder / "last.ckpt"),
+                      "--trainer.max_epochs", "3"])  # fmt: skip
+    assert cli.trainer.current_epoch == 3 and cli.model.teacher_record["epochs"] == record["epochs"]

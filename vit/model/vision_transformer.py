@@ -228,8 +228,9 @@ class Block(nn.Module):
     Built from the architecture config; `drop_path` is this block's own rate (it grows with depth). A config with
     `norm_position: post` builds a `PostNormBlock` (the same layers, the original Transformer's order)."""
 
-    def __new__(cls, cfg: ViTConfig, drop_path: float = 0.0):
-        return super().__new__(PostNormBlock if cls is Block and cfg.norm_position == "post" else cls)
+    def __new__(cls, cfg: ViTConfig | None = None, drop_path: float = 0.0):  # no cfg: copy.deepcopy (EMA) rebuilding
+        post = cls is Block and cfg is not None and cfg.norm_position == "post"
+        return super().__new__(PostNormBlock if post else cls)
 
     def __init__(self, cfg: ViTConfig, drop_path: float = 0.0):
         super().__init__()

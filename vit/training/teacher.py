@@ -9,11 +9,12 @@ images, freezes it and hands it to the module. The ViT's training loss then is
 
 with w = `distill_weight` (DeiT: 0.5). The teacher is saved beside the checkpoints as `teacher.safetensors` (weights
 and plain metadata, no pickle) and `--model.teacher PATH.safetensors` reuses it without training. The ViT alone is
-checkpointed, exported and served: nothing downstream changes.
+checkpointed, exported and served: nothing downstream changes. A resumed run (`--ckpt_path`) reloads the teacher file
+it wrote instead of training another. Under DDP each rank trains its own teacher on its shard of the batches.
 
-Why a small CNN: on a 2-core CPU at 64 px and batch 64, a training step of timm's ResNet-18 costs ~6-9x the planned
-96 x 4 ViT's and its forward alone ~2x, so distilling from it would make every student epoch ~3x slower; RegNetX-200MF
-trains at ~2x and infers at ~0.4x the ViT's step (bench timing on the AMD EPYC, one thread).
+Why a small CNN: on a 2-core CPU at 64 px and batch 64, a training step of timm's ResNet-18 costs ~10x the planned
+96 x 4 ViT's (1.2-1.9 s against 0.11-0.2 s, one thread) and its forward alone ~2.5x, so distilling from it would make
+every student epoch ~3x slower; RegNetX-200MF trains at ~2x and infers at ~0.4x the ViT's step (docs/recipes.md).
 """
 
 from __future__ import annotations
@@ -106,8 +107,11 @@ class TeacherFit(L.Callback):
         cfg = pl_module.model.cfg
         mean = torch.tensor(pl_module.hparams.mean).view(1, -1, 1, 1)
         std = torch.tensor(pl_module.hparams.std).view(1, -1, 1, 1)
-        if self.name.endswith(".safetensors"):
-            teacher, self.record = load_teacher(self.name, cfg.num_classes, cfg.in_chans)
+        folder = run_folder(trainer)
+        resumed = trainer.ckpt_path is not None and (folder / TEACHER_FILE).is_file()
+        if self.name.endswith(".safetensors") or resumed:  # a file, or the one this run wrote before it stopped
+            path = self.name if self.name.endswith(".safetensors") else folder / TEACHER_FILE
+            teacher, self.record = load_teacher(path, cfg.num_classes, cfg.in_chans)
         else:
             teacher = Teacher(self.name, cfg.num_classes, cfg.in_chans, mean.flatten().tolist(), std.flatten().tolist())
             teacher.to(pl_module.device)
@@ -122,9 +126,7 @@ class TeacherFit(L.Callback):
                 f"validation set: accuracy {r['val_acc']:.4f}, balanced {r['val_acc_balanced']:.4f}"
             )
         pl_module.set_teacher(teacher, mean.to(pl_module.device), std.to(pl_module.device), self.record)
-        if trainer.is_global_zero and not self.name.endswith(".safetensors"):
-            ckpt = trainer.checkpoint_callback
-            folder = Path(ckpt.dirpath if ckpt is not None and ckpt.dirpath else trainer.log_dir or ".")
+        if trainer.is_global_zero and not self.name.endswith(".safetensors") and not resumed:
             folder.mkdir(parents=True, exist_ok=True)
             teacher.save(folder / TEACHER_FILE, **self.record)
 
@@ -177,3 +179,9 @@ class TeacherFit(L.Callback):
             "val_acc": round(float(hits.sum() / counts.sum().clamp(min=1)), 4),
             "val_acc_balanced": round(float((hits[seen] / counts[seen]).mean()), 4) if seen.any() else 0.0,
         }
+
+
+def run_folder(trainer: L.Trainer) -> Path:
+    """Where the run's checkpoints go (the teacher file goes beside them), else its log folder, else here."""
+    ckpt = trainer.checkpoint_callback
+    return Path(ckpt.dirpath if ckpt is not None and ckpt.dirpath else trainer.log_dir or ".")
