@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from vit.training.metrics import ConfusionCounts, TopKAccuracy
+
 TEACHER_FILE = "teacher.safetensors"
 
 
@@ -165,20 +167,15 @@ class TeacherFit(L.Callback):
 
     @torch.no_grad()
     def score(self, teacher: Teacher, batches, device, mean: torch.Tensor, std: torch.Tensor) -> dict:
-        """Accuracy and balanced accuracy of the teacher alone on the validation batches."""
-        hits = torch.zeros(teacher.num_classes, device=device)
-        counts = torch.zeros(teacher.num_classes, device=device)
+        """Accuracy and balanced accuracy of the teacher alone on the validation batches, with the module's own
+        metrics (evaluation padding left out)."""
+        acc, counts = TopKAccuracy(1).to(device), ConfusionCounts(teacher.num_classes).to(device)
         for x, y in batches:
             x, y = x.to(device), y.to(device)
-            keep = y >= 0  # evaluation padding (IGNORE) left out
-            pred = teacher(teacher.renormalise(x, mean.to(device), std.to(device))).argmax(-1)
-            counts += torch.bincount(y[keep], minlength=teacher.num_classes)
-            hits += torch.bincount(y[keep][pred[keep] == y[keep]], minlength=teacher.num_classes)
-        seen = counts > 0
-        return {
-            "val_acc": round(float(hits.sum() / counts.sum().clamp(min=1)), 4),
-            "val_acc_balanced": round(float((hits[seen] / counts[seen]).mean()), 4) if seen.any() else 0.0,
-        }
+            logits = teacher(teacher.renormalise(x, mean.to(device), std.to(device)))
+            acc.update(logits, y)
+            counts.update(logits, y)
+        return {"val_acc": round(float(acc.compute()), 4), "val_acc_balanced": round(float(counts.compute()[0]), 4)}
 
 
 def run_folder(trainer: L.Trainer) -> Path:
