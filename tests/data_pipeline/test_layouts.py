@@ -322,7 +322,7 @@ def test_split_csv_reads_back_as_the_same_split_and_targets(tmp_path, header, va
 def test_soft_targets_mix_as_timms_mixup_mixes_one_hot_targets():
     from timm.data import Mixup
 
-    from vit.training.module import mix_soft
+    from vit.training.mixing import mix_soft
 
     torch.manual_seed(0)
     x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 2, 1, 1])

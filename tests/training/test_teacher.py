@@ -81,11 +81,11 @@ def test_fit_trains_the_teacher_first_saves_it_and_a_second_run_reuses_the_file(
     assert all(k.startswith("model.") for k in ckpt["state_dict"])  # the ViT alone
     assert not cli.model.teacher.training and not any(p.requires_grad for p in cli.model.teacher.parameters())
 
-    callers = []  # who asked the teacher: the student's loss (distilled) or the teacher's own scoring (score)
+    callers = []  # who asked the teacher: the student's loss (forward_train) or the teacher's own scoring (score)
     forward = Teacher.forward
 
     def counted(self, x):
-        callers.append(next(f.function for f in inspect.stack() if f.function in ("distilled", "score")))
+        callers.append(next(f.function for f in inspect.stack() if f.function in ("forward_train", "score")))
         return forward(self, x)
 
     monkeypatch.setattr(Teacher, "forward", counted)
@@ -93,7 +93,7 @@ def test_fit_trains_the_teacher_first_saves_it_and_a_second_run_reuses_the_file(
     again = in_tmp / "checkpoints" / "smoke" / "version_1"
     assert torch.load(again / "last.ckpt", weights_only=True)["teacher"]["epochs"] == record["epochs"]
     assert not (again / TEACHER_FILE).exists()  # reused, not trained again
-    assert callers.count("distilled") == 2 * 4  # every training step of the 2 epochs of 4 batches
+    assert callers.count("forward_train") == 2 * 4  # every training step of the 2 epochs of 4 batches
     assert callers.count("score") >= 1
 
     def no_training(*args):

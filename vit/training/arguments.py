@@ -48,3 +48,12 @@ def check_arguments(
         if task != "multiclass":
             raise ValueError(f"teacher={teacher!r}: distillation takes one label an image, not task={task!r}")
         check_teacher_name(teacher)
+    if numbers.get("drloc_weight") and arch.patch_drop_rate:
+        raise ValueError(
+            f"drloc_weight={numbers['drloc_weight']} needs every token where it was: not with "
+            f"patch_drop_rate={arch.patch_drop_rate}"
+        )
+    if numbers.get("guidance_weight") and not teacher:
+        raise ValueError(
+            f"guidance_weight={numbers['guidance_weight']} imitates a teacher's features: set --model.teacher"
+        )

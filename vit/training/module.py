@@ -22,17 +22,15 @@ from vit.model.moe import MoEMlp
 from vit.model.pretrained import find_pretrained, load_pretrained
 from vit.model.vision_transformer import VisionTransformer
 from vit.training.arguments import check_arguments
+from vit.training.drloc import RelativeLocalization
 from vit.training.metrics import ConfusionCounts, TopKAccuracy, expert_usage_histograms
+from vit.training.mixing import mix_soft
 from vit.training.multilabel import multilabel_loss, multilabel_metrics
-from vit.training.nonfinite import NonFiniteGuard, supports_found_inf
+from vit.training.nonfinite import NonFiniteGuard, NonFiniteLossError, supports_found_inf
 from vit.training.optim import MuonWithAdamW, decay_groups, grads_of, params_with_grads, split_for_muon
 from vit.training.rng import restore_rng_states, rng_states
 from vit.training.schedules import lr_factor, schedule_warmup, train_side
-from vit.training.teacher import TeacherFit
-
-
-class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite; the message names the step."""
+from vit.training.teacher import LocalityGuidance, TeacherFit
 
 
 class ViTClassifier(L.LightningModule):
@@ -80,6 +78,8 @@ class ViTClassifier(L.LightningModule):
             sigmoid per label, binary cross-entropy, val/mAP and F1; vit/training/multilabel.py).
         teacher: a timm CNN trained from scratch first, for `teacher_share` of the budget, or a teacher.safetensors
             of an earlier run; then DeiT's hard distillation with weight `distill_weight` (vit/training/teacher.py).
+        drloc_weight: DRLoc's auxiliary loss (the final tokens' relative positions, vit/training/drloc.py); 0: off.
+        guidance_weight: with a teacher, locality guidance: every block imitates a teacher stage's features; 0: off.
     """
 
     def __init__(
@@ -113,6 +113,8 @@ class ViTClassifier(L.LightningModule):
         teacher: str | None = None,
         teacher_share: float = 0.3,
         distill_weight: float = 0.5,
+        drloc_weight: float = 0.0,
+        guidance_weight: float = 0.0,
         mean: tuple[float, ...] = (0.5, 0.5, 0.5),
         std: tuple[float, ...] = (0.5, 0.5, 0.5),
     ):
@@ -123,7 +125,8 @@ class ViTClassifier(L.LightningModule):
             arch,
             numbers={"lr": lr, "weight_decay": weight_decay, "warmup_epochs": warmup_epochs,
                      "mixup_alpha": mixup_alpha, "cutmix_alpha": cutmix_alpha, "moe_aux_weight": moe_aux_weight,
-                     "logit_adjust_tau": logit_adjust_tau},
+                     "logit_adjust_tau": logit_adjust_tau, "drloc_weight": drloc_weight,
+                     "guidance_weight": guidance_weight},
             shares={"label_smoothing": label_smoothing, "mixup_prob": mixup_prob, "min_lr_ratio": min_lr_ratio,
                     "resize_until": resize_until, "patch_drop_until": patch_drop_until,
                     "teacher_share": teacher_share, "distill_weight": distill_weight},
@@ -145,6 +148,9 @@ class ViTClassifier(L.LightningModule):
         self._expert_counts = torch.zeros(len(self._moe_layers), arch.moe_experts, dtype=torch.long)
         if init_from:  # the checkpoint keeps the weights: on_save_checkpoint forgets the file (see there)
             load_pretrained(self.model, find_pretrained(init_from, arch.num_heads), class_names)
+        # DRLoc's MLP and locality guidance's maps: trained beside the ViT (drloc.*, guidance.*), never exported
+        self.drloc = RelativeLocalization(arch.embed_dim) if drloc_weight > 0 else None
+        self.guidance = LocalityGuidance.of(teacher, arch) if guidance_weight > 0 else None
         self.mixup = None  # timm's Mixup/CutMix on the batch, and the loss of its soft targets
         if mixup_alpha > 0 or cutmix_alpha > 0:
             self.mixup = Mixup(mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, prob=mixup_prob,
@@ -191,6 +197,26 @@ class ViTClassifier(L.LightningModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
+    def forward_train(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | float, torch.Tensor | None]:
+        """A training batch's logits (B, C), the weighted auxiliary losses (DRLoc on the final tokens, locality
+        guidance on every block's; 0 without) and the teacher's logits on the batch (None without a teacher)."""
+        teacher_logits, maps = None, None
+        if self.teacher is not None:
+            with torch.no_grad():
+                seen = self.teacher.renormalise(x, *self._teacher_norm)
+                guided = self.guidance is not None
+                teacher_logits, maps = self.teacher.with_features(seen) if guided else (self.teacher(seen), None)
+        if self.drloc is None and maps is None:
+            return self(x), 0.0, teacher_logits
+        taps = [] if maps is not None else None  # each block's tokens (B, prefix + N, D)
+        tokens = self.model.forward_features(x, taps)  # (B, prefix + N, D)
+        p, prefix = self.model.cfg.patch_size, self.model.num_prefix_tokens
+        grid = (x.shape[-2] // p, x.shape[-1] // p)
+        aux = self.hparams.drloc_weight * self.drloc(tokens[:, prefix:], grid) if self.drloc is not None else 0.0
+        if maps is not None:
+            aux = aux + self.hparams.guidance_weight * self.guidance([t[:, prefix:] for t in taps], maps, grid)
+        return self.model.forward_head(tokens), aux, teacher_logits
+
     def set_teacher(self, teacher: torch.nn.Module, mean: torch.Tensor, std: torch.Tensor, record: dict) -> None:
         """The frozen teacher, the student's normalisation (mean, std: (1, C, 1, 1) on the device) and what the
         teacher scored alone (logged as teacher/*, saved in the checkpoints' `teacher` key)."""
@@ -199,14 +225,12 @@ class ViTClassifier(L.LightningModule):
         self.teacher_record = record
         self.teacher_scores = {f"teacher/{k}": float(record[k]) for k in ("val_acc", "val_acc_balanced")}
 
-    def distilled(self, logits: torch.Tensor, x: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
-        """DeiT's hard distillation: the loss mixed with CE against the teacher's class on the same batch x."""
-        if self.teacher is None:  # no teacher, or a multi-label task (refused when built)
+    def distilled(self, logits: torch.Tensor, teacher_logits: torch.Tensor | None, loss: torch.Tensor) -> torch.Tensor:
+        """DeiT's hard distillation: the loss mixed with CE against the teacher's class on the same batch."""
+        if teacher_logits is None:  # no teacher, or a multi-label task (refused when built)
             return loss
-        with torch.no_grad():
-            target = self.teacher(self.teacher.renormalise(x, *self._teacher_norm)).argmax(-1)  # (B,)
         w = self.hparams.distill_weight
-        return (1 - w) * loss + w * F.cross_entropy(logits, target)
+        return (1 - w) * loss + w * F.cross_entropy(logits, teacher_logits.argmax(-1))
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -218,16 +242,17 @@ class ViTClassifier(L.LightningModule):
         multi = self.hparams.get("task") == "multilabel"
         if self.mixup is not None and len(x) % 2 == 0:  # timm's Mixup pairs images: it needs an even batch
             x, y_soft = mix_soft(self.mixup, x, y) if soft else self.mixup(x, y)
-            logits = self(x)
+            logits, aux, teacher_logits = self.forward_train(x)
             loss = multilabel_loss(logits, y_soft) if multi else self.soft_ce(logits + prior, y_soft)
-            loss = self.distilled(logits, x, loss)
+            loss = self.distilled(logits, teacher_logits, loss) + aux
         elif multi:
-            loss = multilabel_loss(self(x), y)
+            logits, aux, _ = self.forward_train(x)
+            loss = multilabel_loss(logits, y) + aux
         else:
-            logits = self(x)
+            logits, aux, teacher_logits = self.forward_train(x)
             # cross_entropy takes class indices or probabilities alike (label smoothing applies to both)
             loss = F.cross_entropy(logits + prior, y, label_smoothing=self.hparams.label_smoothing)
-            loss = self.distilled(logits, x, loss)
+            loss = self.distilled(logits, teacher_logits, loss) + aux
             # update only: one log of the epoch's accuracy in on_train_epoch_end instead of a self.log per step
             # (each costs Lightning an apply_to_collection over the metric), and no per-batch compute
             self.train_acc.update(logits.detach(), y.argmax(-1) if soft else y)
@@ -243,19 +268,13 @@ class ViTClassifier(L.LightningModule):
             if self.hparams.skip_nonfinite:
                 self._skipped += 1
                 return None  # Lightning skips backward and the optimizer step
-            raise self._nonfinite_error(loss.item(), self.global_step, self.current_epoch, batch_idx)
+            raise NonFiniteLossError.at(loss.item(), self.global_step, self.current_epoch, batch_idx)
         # Only on the steps Lightning writes to the logger: each self.log costs ~1 ms of Lightning's bookkeeping on
         # CPU (5% of a digits step), and the progress bar shows the latest logged value.
         trainer = self._trainer  # None when a user calls training_step by hand: log every step (self.log warns)
         if trainer is None or (self.global_step + 1) % max(1, trainer.log_every_n_steps) == 0:
             self.log("train/loss", loss, prog_bar=True)
         return loss
-
-    def _nonfinite_error(self, loss: float, step: int, epoch: int, batch: int) -> NonFiniteLossError:
-        return NonFiniteLossError(
-            f"non-finite loss ({loss}) at step {step} (epoch {epoch}, batch {batch}); checkpoints written so far are "
-            "intact. Try a lower --model.lr, --trainer.gradient_clip_val 1.0, or --model.skip_nonfinite true"
-        )
 
     def on_before_optimizer_step(self, optimizer) -> None:
         for p in self._frozen:  # freeze_backbone_epochs under DDP (on_train_epoch_start)
@@ -296,7 +315,7 @@ class ViTClassifier(L.LightningModule):
             return
         count, step, epoch, batch, loss = found
         if not self.hparams.skip_nonfinite:
-            raise self._nonfinite_error(loss, step, epoch, batch)
+            raise NonFiniteLossError.at(loss, step, epoch, batch)
         self._skipped += count
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
@@ -419,6 +438,9 @@ class ViTClassifier(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         param_groups = decay_groups(self.model, hp.lr, hp.weight_decay, hp.layer_decay)
+        for aux in (self.drloc, self.guidance):  # AdamW's in either case (Muon's matrices are the ViT's own)
+            if aux is not None:
+                param_groups.append({"params": list(aux.parameters()), "weight_decay": hp.weight_decay})
         if hp.get("optimizer", "adamw") == "muon":
             muon, adamw = split_for_muon(self.model, param_groups)
             optimizer = MuonWithAdamW(muon, adamw, lr=hp.lr, betas=tuple(hp.betas))
@@ -436,13 +458,3 @@ class ViTClassifier(L.LightningModule):
             )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(hp, warmup, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
-def mix_soft(mixup: Mixup, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """timm's Mixup/CutMix for targets that are already probabilities (B, C): timm's `__call__` one-hots class
-    indices, so the images are mixed by its per-batch draw (`_mix_batch`, in place; lam corrected for the CutMix box)
-    and the targets mixed here with the same lam and the same reversed pairing, smoothed as timm smooths."""
-    lam = mixup._mix_batch(x)
-    smoothing, classes = mixup.label_smoothing, y.shape[-1]
-    y = y * (1.0 - smoothing) + smoothing / classes
-    return x, y * lam + y.flip(0) * (1.0 - lam)

@@ -16,6 +16,17 @@ the same way) fall back to a host check per step.
 import torch
 
 
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; the message names the step."""
+
+    @classmethod
+    def at(cls, loss: float, step: int, epoch: int, batch: int) -> "NonFiniteLossError":
+        return cls(
+            f"non-finite loss ({loss}) at step {step} (epoch {epoch}, batch {batch}); checkpoints written so far are "
+            "intact. Try a lower --model.lr, --trainer.gradient_clip_val 1.0, or --model.skip_nonfinite true"
+        )
+
+
 def supports_found_inf(optimizer: torch.optim.Optimizer) -> bool:
     """Fused Adam/AdamW read `optimizer.found_inf` and skip the update when it is 1 (the attribute GradScaler sets);
     so does vit/training/optim.py's MuonWithAdamW (`skips_on_found_inf`)."""

@@ -53,10 +53,62 @@ class Teacher(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
+    def with_features(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits (B, num_classes) and the feature map of each stage after the stem, (B, C_s, H_s, W_s) from the
+        finest to the coarsest (timm's forward_intermediates)."""
+        final, maps = self.net.forward_intermediates(x)
+        return self.net.forward_head(final), maps[1:]
+
     def save(self, path: Path, **record) -> None:
         meta = {"name": self.name, "num_classes": self.num_classes, "in_chans": self.in_chans,
                 "mean": self.mean.flatten().tolist(), "std": self.std.flatten().tolist(), **record}  # fmt: skip
         save_file(self.net.state_dict(), str(path), metadata={"teacher": json.dumps(meta)})
+
+
+def teacher_channels(name: str, in_chans: int) -> list[int]:
+    """The channels of a teacher's stages after the stem (what `Teacher.with_features` returns), from a timm name or a
+    teacher file's record, without its weights."""
+    if name.endswith(".safetensors"):
+        from safetensors import safe_open
+
+        with safe_open(name, framework="pt") as f:
+            name = json.loads((f.metadata() or {})["teacher"])["name"]
+    return [info["num_chs"] for info in timm.create_model(name, in_chans=in_chans).feature_info][1:]
+
+
+class LocalityGuidance(torch.nn.Module):
+    """Locality guidance (Li et al., ECCV 2022: a ViT trained from scratch on little data imitates a CNN's features):
+    each block's output tokens, through a linear map to the teacher stage's channels, regress that stage's feature
+    map resized to the token grid and normalised per position (the teacher's scale is its own). Early blocks read
+    early (local) stages: with L blocks and S stages, block i reads stage floor(i * S / L). The loss is the mean
+    squared error over the blocks, weighted by `--model.guidance_weight`. The maps live in the Lightning module
+    beside the ViT (`guidance.*` in the state dict), never in the exported or served model.
+
+    Args:
+        dim: the ViT's width D.
+        channels: the teacher's stages' channels (`teacher_channels`).
+        depth: the ViT's blocks L.
+    """
+
+    def __init__(self, dim: int, channels: list[int], depth: int):
+        super().__init__()
+        self.stage_of = [i * len(channels) // depth for i in range(depth)]
+        self.proj = torch.nn.ModuleList(torch.nn.Linear(dim, channels[s]) for s in self.stage_of)
+
+    @classmethod
+    def of(cls, teacher: str, arch) -> LocalityGuidance:
+        """For a ViTConfig `arch` and a teacher's timm name or file."""
+        return cls(arch.embed_dim, teacher_channels(teacher, arch.in_chans), arch.depth)
+
+    def forward(self, taps: list[torch.Tensor], maps: list[torch.Tensor], grid: tuple[int, int]) -> torch.Tensor:
+        """taps: each block's patch tokens (B, N, D), N = gh * gw row by row; maps: the teacher's (B, C_s, H_s, W_s)."""
+        losses = []
+        for tokens, proj, s in zip(taps, self.proj, self.stage_of, strict=True):
+            target = F.interpolate(maps[s], size=grid, mode="bilinear", antialias=True, align_corners=False)
+            target = target.flatten(2).transpose(1, 2)  # (B, N, C_s)
+            target = F.layer_norm(target, target.shape[-1:])
+            losses.append(F.mse_loss(proj(tokens), target))
+        return torch.stack(losses).mean()
 
 
 def load_teacher(path: str | Path, num_classes: int, in_chans: int) -> tuple[Teacher, dict]:
