@@ -19,8 +19,8 @@ class RelativeLocalization(nn.Module):
 
     Args:
         dim: the tokens' width D.
-        pairs: pairs drawn per image (the paper: 64), with replacement.
-        hidden: the MLP's hidden width (the paper: 512, two hidden layers).
+        pairs: pairs drawn per image, with replacement.
+        hidden: the width of the MLP's two hidden layers.
     """
 
     def __init__(self, dim: int, pairs: int = 64, hidden: int = 512):
@@ -41,7 +41,7 @@ class RelativeLocalization(nn.Module):
         picked = torch.gather(tokens, 1, flat.unsqueeze(-1).expand(-1, -1, d))  # (B, 2 * pairs, D)
         first, second = picked[:, : self.pairs], picked[:, self.pairs :]  # (B, pairs, D) each
         rows, cols = idx.div(gw, rounding_mode="floor"), idx.remainder(gw)  # (2, B, pairs) each
-        # the paper's targets: offsets in units of the grid's side, in [-1, 1]
+        # offsets in units of the grid's side, in (-1, 1), as the paper normalises them
         target = torch.stack([(rows[0] - rows[1]) / gh, (cols[0] - cols[1]) / gw], dim=-1).to(tokens.dtype)
         predicted = self.mlp(torch.cat([first, second], dim=-1))  # (B, pairs, 2)
         return (predicted - target).abs().mean()

@@ -136,13 +136,9 @@ class ViTClassifier(L.LightningModule):
         )  # fmt: skip
         # Plain types only (lists, not tuples of objects): the checkpoint must load with weights_only=True.
         self.save_hyperparameters()
-        self.hparams.update(
-            arch=arch.to_dict(),
-            class_names=list(class_names) if class_names else None,
-            mean=[float(v) for v in mean],
-            std=[float(v) for v in std],
-            betas=[float(b) for b in betas],
-        )
+        self.hparams.update(arch=arch.to_dict(), class_names=list(class_names) if class_names else None,
+                            mean=[float(v) for v in mean], std=[float(v) for v in std],
+                            betas=[float(b) for b in betas])  # fmt: skip
         self.model = VisionTransformer(arch)
         self._moe_layers = [m for m in self.model.modules() if isinstance(m, MoEMlp)]  # a list: not re-registered
         self._expert_counts = torch.zeros(len(self._moe_layers), arch.moe_experts, dtype=torch.long)
@@ -159,6 +155,10 @@ class ViTClassifier(L.LightningModule):
         self._add_metrics(arch.num_classes)
         if task == "multilabel":
             self.val_multi, self.test_multi = multilabel_metrics(arch.num_classes), multilabel_metrics(arch.num_classes)
+        self._add_training_state()
+
+    def _add_training_state(self) -> None:
+        """What the hooks set during fit, empty until then."""
         self._guard, self._guard_on_device, self._skipped = NonFiniteGuard(), False, 0
         self._grad_norm: torch.Tensor | None = None  # () of this step's gradients, set in on_before_optimizer_step
         self._frozen: list[torch.nn.Parameter] = []  # backbone parameters whose gradients a DDP step drops
