@@ -1,0 +1,61 @@
+"""What the post-hoc logit adjustment did on held-out images: each run's chosen checkpoint scored on its test folder
+with the tau that fit folded into the head's bias, and with that bias unfolded (tau = 0: raw = adjusted + tau * log
+prior, the prior and tau read from the checkpoint's `logit_adjustment` record).
+
+    python bench/experiments/tau_heldout.py RUN/log.txt:cells_cv/test0 RUN2/log.txt:cells_cv/test1 ...
+
+RUN/log.txt is the log budget_runs.py keeps (its last `checkpoint:` line names the chosen checkpoint). Prints one
+JSON row a run: {"log", "tau", "adjusted": [acc, balanced], "tau0": [acc, balanced]} in percent. Images are decoded
+and normalised as vit-predict reads them.
+"""
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from vit.deployment.predict import ImageFiles, channel_stats, collate, normalize
+from vit.evaluation.scores import balanced_accuracy
+from vit.model.checkpoint import load_checkpoint, load_model
+
+
+def labelled_files(folder: str) -> tuple[list[str], torch.Tensor]:
+    """folder/<class>/<image>: the files and their class indices (classes sorted by name, as training sorts them)."""
+    classes = sorted(p for p in Path(folder).iterdir() if p.is_dir())
+    pairs = [(str(f), k) for k, c in enumerate(classes) for f in sorted(c.iterdir())]
+    return [f for f, _ in pairs], torch.tensor([k for _, k in pairs])
+
+
+@torch.no_grad()
+def logits_of(ckpt_path: str, files: list[str]) -> torch.Tensor:
+    model, hp = load_model(ckpt_path)
+    model.eval()
+    loader = DataLoader(ImageFiles(files, hp["img_size"], hp.get("in_chans", 3)), batch_size=256, collate_fn=collate)
+    mean, std = channel_stats(hp, torch.device("cpu"))
+    return torch.cat([model(normalize(x, mean, std)) for x, _, _ in loader])  # (N, C)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", help="LOG:TEST, a budget_runs.py log and the run's held-out folder")
+    args = ap.parse_args()
+    for pair in args.runs:
+        log, test = pair.rsplit(":", 1)
+        ckpt = re.findall(r"checkpoint: (\S+)", Path(log).read_text())[-1]
+        record = load_checkpoint(ckpt).get("logit_adjustment") or {"tau": 0.0}
+        files, y = labelled_files(test)
+        adjusted = logits_of(ckpt, files)
+        log_prior = torch.tensor(record["prior"]).log() if record["tau"] else torch.zeros(adjusted.shape[-1])
+        row = {"log": log, "tau": record["tau"]}
+        for name, logits in (("adjusted", adjusted), ("tau0", adjusted + record["tau"] * log_prior)):
+            pred = logits.argmax(-1)
+            acc, bal = (pred == y).float().mean(), balanced_accuracy(pred, y, logits.shape[-1])
+            row[name] = [round(100 * float(acc), 1), round(100 * float(bal), 1)]
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
