@@ -69,10 +69,7 @@ def teacher_channels(name: str, in_chans: int) -> list[int]:
     """The channels of a teacher's stages after the stem (what `Teacher.with_features` returns), from a timm name or a
     teacher file's record, without its weights."""
     if name.endswith(".safetensors"):
-        from safetensors import safe_open
-
-        with safe_open(name, framework="pt") as f:
-            name = json.loads((f.metadata() or {})["teacher"])["name"]
+        name = teacher_record(name)["name"]
     return [info["num_chs"] for info in timm.create_model(name, in_chans=in_chans).feature_info][1:]
 
 
@@ -111,16 +108,21 @@ class LocalityGuidance(torch.nn.Module):
         return torch.stack(losses).mean()
 
 
-def load_teacher(path: str | Path, num_classes: int, in_chans: int) -> tuple[Teacher, dict]:
-    """A teacher saved by `Teacher.save` (safetensors: data, never code) and its record; one-line errors for a file
-    that is not one or that does not fit the run's classes and channels."""
+def teacher_record(path: str | Path) -> dict:
+    """The metadata `Teacher.save` wrote (safetensors: data, never code); a one-line error for any other file."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="pt") as f:
-            meta = json.loads((f.metadata() or {})["teacher"])
+            return json.loads((f.metadata() or {})["teacher"])
     except (OSError, KeyError, ValueError) as e:
         raise ValueError(f"{path}: not a teacher file written by vit-train ({type(e).__name__}: {e})") from None
+
+
+def load_teacher(path: str | Path, num_classes: int, in_chans: int) -> tuple[Teacher, dict]:
+    """A teacher saved by `Teacher.save` and its record; one-line errors for a file that is not one or that does not
+    fit the run's classes and channels."""
+    meta = teacher_record(path)
     if (meta["num_classes"], meta["in_chans"]) != (num_classes, in_chans):
         raise ValueError(
             f"{path}: the teacher has {meta['num_classes']} classes and {meta['in_chans']} channels, the run "
