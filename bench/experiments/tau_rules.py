@@ -1,0 +1,131 @@
+"""Rules for the post-hoc logit adjustment's tau, each chosen on a run's validation images and scored on its held-out
+folder: the evidence behind the rule in vit/evaluation/logit_adjustment.py (docs/recipes.md, "The post-hoc tau").
+
+    python bench/experiments/tau_rules.py RUN/log.txt:TEST [RUN2/log.txt:TEST2 ...] > rules.jsonl
+
+RUN/log.txt is the log budget_runs.py keeps (its last `checkpoint:` line names the chosen checkpoint). The checkpoint's
+folded tau is unfolded first (raw = served + tau * log prior, from its `logit_adjustment` record), so every
+rule starts from the same raw logits. Validation images are the checkpoint's own validation split (vit-eval --split
+val), held-out images TEST/<class>/<image>. Prints one JSON row a run and rule: {"log", "rule", "tau", "val_gain",
+"test": [acc, balanced]} (percent).
+
+The rules, each a function of the validation logits (N, C), targets (N,) and the training set's log prior (C,):
+- none: tau 0.
+- grid: the grid's best validation balanced accuracy, the smallest tau on a tie (the rule until now).
+- one: tau 1, Menon et al.'s choice for a calibrated model.
+- calibrated: tau = T, the validation temperature: tau 1 on the calibrated logits z / T, i.e. the Bayes rule for
+  balanced error when softmax(z / T) is the calibrated posterior under the training prior.
+- balanced_nll: the grid's tau with the lowest class-balanced NLL, a temperature fitted for each tau (a smooth
+  criterion where balanced accuracy on a few hundred images is a step function).
+- gated: grid's tau where a paired bootstrap of the validation images (1,000 resamples) finds its balanced accuracy
+  above tau 0's in at least 95% of them, else 0.
+
+How the rule is chosen (fixed before any set was scored): on sets other than the cells, each run's held-out accuracy
+and balanced accuracy averaged, then averaged over runs and sets; the highest such mean wins among the rules whose
+mean held-out balanced accuracy is not below tau 0's (the adjustment is for balanced accuracy). The cells are scored
+only after the choice, as a check.
+"""
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tau_heldout import labelled_files, logits_of  # same folder: run as a script
+
+from vit.deployment.labelled import training_data
+from vit.evaluation.calibration import fit_temperature
+from vit.evaluation.logit_adjustment import TAUS, fit_tau
+from vit.evaluation.scores import balanced_accuracy
+from vit.model.checkpoint import load_checkpoint
+
+BOOTSTRAPS, GATE = 1000, 0.95
+
+
+def balanced_nll(logits: torch.Tensor, targets: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Mean over the classes present of each class's mean NLL: the NLL a balanced prior would give."""
+    nll = F.cross_entropy(logits, targets, reduction="none")
+    per_class = torch.zeros(num_classes).index_add(0, targets, nll)
+    counts = torch.bincount(targets, minlength=num_classes).float()
+    present = counts > 0
+    return (per_class[present] / counts[present]).mean()
+
+
+def fitted_balanced_nll(logits: torch.Tensor, y: torch.Tensor) -> float:
+    """The balanced NLL of logits / T at the T > 0 that minimises it (LBFGS on log T, from T = 1)."""
+    log_t = torch.zeros((), requires_grad=True)
+    opt = torch.optim.LBFGS([log_t], lr=0.5, max_iter=50, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = balanced_nll(logits / log_t.exp(), y, logits.shape[-1])
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with torch.no_grad():
+        return float(balanced_nll(logits / log_t.exp(), y, logits.shape[-1]))
+
+
+def tau_balanced_nll(z: torch.Tensor, y: torch.Tensor, lp: torch.Tensor) -> float:
+    return min((fitted_balanced_nll(z - tau * lp, y), tau) for tau in TAUS)[1]
+
+
+def tau_gated(z: torch.Tensor, y: torch.Tensor, lp: torch.Tensor) -> float:
+    tau, _ = fit_tau(z, y, lp)
+    if tau == 0:
+        return 0.0
+    g = torch.Generator().manual_seed(0)
+    base, adjusted, c = z.argmax(-1), (z - tau * lp).argmax(-1), z.shape[-1]
+    wins = 0
+    for _ in range(BOOTSTRAPS):
+        i = torch.randint(len(y), (len(y),), generator=g)
+        wins += balanced_accuracy(adjusted[i], y[i], c) > balanced_accuracy(base[i], y[i], c)
+    return tau if wins / BOOTSTRAPS >= GATE else 0.0
+
+
+RULES = {
+    "none": lambda z, y, lp: 0.0,
+    "grid": lambda z, y, lp: fit_tau(z, y, lp)[0],
+    "one": lambda z, y, lp: 1.0,
+    "calibrated": lambda z, y, lp: fit_temperature(z, y),
+    "balanced_nll": tau_balanced_nll,
+    "gated": tau_gated,
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", help="LOG:TEST, a budget_runs.py log and the run's held-out folder")
+    args = ap.parse_args()
+    for pair in args.runs:
+        log, test = pair.rsplit(":", 1)
+        path = re.findall(r"checkpoint: (\S+)", Path(log).read_text())[-1]
+        ckpt = load_checkpoint(path)
+        record = ckpt.get("logit_adjustment") or {"tau": 0.0}
+        dm = training_data(path, ckpt, ckpt["hyper_parameters"])
+        val_files, val_y = zip(*dm.samples["val"])
+        test_files, test_y = labelled_files(test)
+        if "prior" not in record:
+            raise SystemExit(f"{path}: no logit_adjustment record (a run the long-tail rule did not apply to)")
+        lp = torch.tensor(record["prior"]).log()  # (C,) the training split's log class shares
+        raw = {
+            name: logits_of(path, files) + record["tau"] * lp
+            for name, files in (("val", list(val_files)), ("test", test_files))
+        }
+        vy, c = torch.tensor(val_y), raw["val"].shape[-1]
+        for rule, choose in RULES.items():
+            tau = float(choose(raw["val"], vy, lp))
+            gain = balanced_accuracy((raw["val"] - tau * lp).argmax(-1), vy, c) - balanced_accuracy(
+                raw["val"].argmax(-1), vy, c
+            )
+            pred = (raw["test"] - tau * lp).argmax(-1)
+            acc, bal = (pred == test_y).float().mean(), balanced_accuracy(pred, test_y, c)
+            row = {"log": log, "rule": rule, "tau": round(tau, 3), "val_gain": round(100 * gain, 2)}
+            print(json.dumps({**row, "test": [round(100 * float(acc), 2), round(100 * float(bal), 2)]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
