@@ -18,7 +18,7 @@ The rules, each a function of the validation logits (N, C), targets (N,) and the
 - balanced_nll: the grid's tau with the lowest class-balanced NLL, a temperature fitted for each tau (a smooth
   criterion where balanced accuracy on a few hundred images is a step function).
 - gated: grid's tau where a paired bootstrap of the validation images (1,000 resamples) finds its balanced accuracy
-  above tau 0's in at least 95% of them, else 0.
+  above tau 0's in at least 95% of them, else 0 (the product's rule since: logit_adjustment.choose_tau).
 
 How the rule is chosen (fixed before any set was scored): on sets other than the cells, each run's held-out accuracy
 and balanced accuracy averaged, then averaged over runs and sets; the highest such mean wins among the rules whose
@@ -37,11 +37,9 @@ from tau_heldout import labelled_files, logits_of  # same folder: run as a scrip
 
 from vit.deployment.labelled import training_data
 from vit.evaluation.calibration import fit_temperature
-from vit.evaluation.logit_adjustment import TAUS, fit_tau
+from vit.evaluation.logit_adjustment import TAUS, choose_tau, fit_tau
 from vit.evaluation.scores import balanced_accuracy
 from vit.model.checkpoint import load_checkpoint
-
-BOOTSTRAPS, GATE = 1000, 0.95
 
 
 def balanced_nll(logits: torch.Tensor, targets: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -73,26 +71,13 @@ def tau_balanced_nll(z: torch.Tensor, y: torch.Tensor, lp: torch.Tensor) -> floa
     return min((fitted_balanced_nll(z - tau * lp, y), tau) for tau in TAUS)[1]
 
 
-def tau_gated(z: torch.Tensor, y: torch.Tensor, lp: torch.Tensor) -> float:
-    tau, _ = fit_tau(z, y, lp)
-    if tau == 0:
-        return 0.0
-    g = torch.Generator().manual_seed(0)
-    base, adjusted, c = z.argmax(-1), (z - tau * lp).argmax(-1), z.shape[-1]
-    wins = 0
-    for _ in range(BOOTSTRAPS):
-        i = torch.randint(len(y), (len(y),), generator=g)
-        wins += balanced_accuracy(adjusted[i], y[i], c) > balanced_accuracy(base[i], y[i], c)
-    return tau if wins / BOOTSTRAPS >= GATE else 0.0
-
-
 RULES = {
     "none": lambda z, y, lp: 0.0,
     "grid": lambda z, y, lp: fit_tau(z, y, lp)[0],
     "one": lambda z, y, lp: 1.0,
     "calibrated": lambda z, y, lp: fit_temperature(z, y),
     "balanced_nll": tau_balanced_nll,
-    "gated": tau_gated,
+    "gated": lambda z, y, lp: choose_tau(z, y, lp)["tau"],
 }
 
 

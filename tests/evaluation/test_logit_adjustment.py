@@ -8,7 +8,14 @@ import torch
 from PIL import Image
 
 from vit.data.digits import DigitsDataModule
-from vit.evaluation.logit_adjustment import adjust_checkpoints, fit_tau, log_prior
+from vit.evaluation.logit_adjustment import (
+    GATE,
+    adjust_checkpoints,
+    choose_tau,
+    fit_tau,
+    log_prior,
+    resampled_balanced_accuracy,
+)
 from vit.evaluation.scores import balanced_accuracy
 from vit.model.checkpoint import load_checkpoint, load_model
 
@@ -24,6 +31,35 @@ def test_fit_tau_undoes_a_skewed_prior():
     tau, after = fit_tau(skewed, true, prior)
     assert 0.6 <= tau <= 1.4 and after > before + 0.05
     assert fit_tau(logits, true, torch.zeros(5))[0] == 0.0  # nothing to undo: the smallest tau of the tie
+
+
+def test_resampled_balanced_accuracy_is_balanced_accuracy_of_each_resample():
+    g = torch.Generator().manual_seed(1)
+    targets = torch.tensor([0] * 30 + [1] * 8 + [2] * 2)  # a rare class that some resamples miss
+    pred = torch.where(torch.rand(40, generator=g) < 0.7, targets, torch.randint(3, (40,), generator=g))
+    idx = torch.randint(40, (50, 40), generator=g)
+    got = resampled_balanced_accuracy(pred, targets, idx, 3)
+    want = torch.tensor([balanced_accuracy(pred[i], targets[i], 3) for i in idx], dtype=got.dtype)
+    torch.testing.assert_close(got, want)
+
+
+def test_the_gate_keeps_a_gain_beyond_noise_and_drops_one_within_it():
+    g = torch.Generator().manual_seed(0)
+    prior = log_prior([1000, 300, 100, 30, 10])
+    true = torch.arange(2000) % 5
+    skewed = 2.0 * torch.nn.functional.one_hot(true, 5).float() + torch.randn(2000, 5, generator=g) + prior
+    report = choose_tau(skewed, true, prior)  # thousands of images, a gain of points: kept
+    assert report["tau"] == report["tau_fit"] > 0 and report["bootstrap_wins"] >= GATE
+    assert report["balanced_accuracy"] > report["balanced_accuracy_before"] + 0.05
+    # 60 images, 2:1, every one right but one rare image just below its margin: a small tau fixes that one image,
+    # a gain the validation set shows only when the resample happens to hold it (~63% of resamples)
+    true = torch.tensor([0] * 40 + [1] * 20)
+    logits = 3.0 * torch.nn.functional.one_hot(true, 2).float()
+    logits[40] = torch.tensor([0.1, 0.0])
+    prior = log_prior([200, 100])
+    report = choose_tau(logits, true, prior)
+    assert report["tau_fit"] > 0 and report["tau"] == 0.0 and 0.5 < report["bootstrap_wins"] < GATE
+    assert report["balanced_accuracy"] == report["balanced_accuracy_before"]
 
 
 def test_the_adjustment_is_folded_into_the_head_bias_of_the_file(smoke_ckpt, tmp_path):
@@ -46,6 +82,7 @@ def test_the_adjustment_is_folded_into_the_head_bias_of_the_file(smoke_ckpt, tmp
         torch.testing.assert_close(adjusted(batches[0][0]), expected, atol=1e-5, rtol=1e-5)
     record = load_checkpoint(path)["logit_adjustment"]
     assert record["tau"] == report["tau"] and abs(sum(record["prior"]) - 1) < 1e-6
+    assert record["tau_fit"] >= record["tau"] and 0 <= record["bootstrap_wins"] <= 1
     assert report["balanced_accuracy"] >= report["balanced_accuracy_before"]
 
 

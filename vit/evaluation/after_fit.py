@@ -12,7 +12,7 @@ from torchmetrics.functional.classification import multiclass_confusion_matrix
 
 from vit.data.base import ImageClassificationData, whole_train_batches, whole_val_batches
 from vit.evaluation.calibration import calibration_report, fit_temperature, probabilities
-from vit.evaluation.logit_adjustment import adjust_checkpoints
+from vit.evaluation.logit_adjustment import BOOTSTRAPS, GATE, adjust_checkpoints
 from vit.evaluation.map_callback import add_png
 from vit.evaluation.report import confusion_figure, figure_pixels
 from vit.evaluation.scores import balanced_accuracy
@@ -51,10 +51,17 @@ def adjust_after_fit(paths: list[str], dm: ImageClassificationData, device: torc
     if counts is None:
         return None  # a source whose class counts are not known (a stream): nothing to adjust for
     best = adjust_checkpoints(paths, whole_val_batches(dm), counts, device)[paths[0]]
-    return (
+    line = (
         f"logit adjustment: tau {best['tau']:g}, balanced accuracy {best['balanced_accuracy_before']:.4f} -> "
-        f"{best['balanced_accuracy']:.4f} on the validation set it was chosen on (folded into the head's bias)"
+        f"{best['balanced_accuracy']:.4f} on the validation set it was chosen on"
     )
+    if not best["tau_fit"]:
+        return line + " (no tau helped)"
+    share = f"{100 * best['bootstrap_wins']:.0f}%"
+    wins = f"tau {best['tau_fit']:g} was better in {share} of {BOOTSTRAPS} bootstrap resamples"
+    if best["tau"]:
+        return line + f" ({wins}; folded into the head's bias)"
+    return line + f" ({wins}, below {100 * GATE:.0f}%: within the validation set's noise, not applied)"
 
 
 def measure_after_fit(paths: list[str], dm: ImageClassificationData, device: torch.device) -> dict[str, dict]:

@@ -71,8 +71,8 @@ class ViTClassifier(L.LightningModule):
             `logits + tau * log(prior)`, the prior being the training set's class shares, so that rare classes need a
             larger margin; predictions use the plain logits. 0: off.
         posthoc_logit_adjust: at the end of fit, choose tau on the validation set and fold `-tau * log(prior)` into
-            the saved checkpoints' head bias (vit/evaluation/logit_adjustment.py): the best balanced accuracy for a
-            model trained on a skewed prior. The planner sets it on long-tailed folders.
+            the saved checkpoints' head bias (vit/evaluation/logit_adjustment.py; tau 0 where the gain is within the
+            validation set's noise): balanced accuracy for a skewed prior. The planner sets it on long tails.
         class_names, mean, std: linked from the DataModule by `train.py`; saved for predict.
         task: linked from the DataModule: "multiclass" (one label an image, softmax), or "multilabel" (several: a
             sigmoid per label, binary cross-entropy, val/mAP and F1; vit/training/multilabel.py).
