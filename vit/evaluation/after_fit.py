@@ -58,7 +58,7 @@ def adjust_after_fit(paths: list[str], dm: ImageClassificationData, device: torc
     if not best["tau_fit"]:
         return line + " (no tau helped)"
     share = f"{100 * best['bootstrap_wins']:.0f}%"
-    wins = f"tau {best['tau_fit']:g} was better in {share} of {BOOTSTRAPS} bootstrap resamples"
+    wins = f"tau {best['tau_fit']:g} was better in {share} of {BOOTSTRAPS:,} bootstrap resamples"
     if best["tau"]:
         return line + f" ({wins}; folded into the head's bias)"
     return line + f" ({wins}, below {100 * GATE:.0f}%: within the validation set's noise, not applied)"
