@@ -23,7 +23,8 @@ The rules, each a function of the validation logits (N, C), targets (N,) and the
 How the rule is chosen (fixed before any set was scored): on sets other than the cells, each run's held-out accuracy
 and balanced accuracy averaged, then averaged over runs and sets; the highest such mean wins among the rules whose
 mean held-out balanced accuracy is not below tau 0's (the adjustment is for balanced accuracy). The cells are scored
-only after the choice, as a check.
+only after the choice, as a check. (The gated rule first ran its own bootstrap loop; it now calls the product's
+choose_tau, which chose the same tau on every run of both.)
 """
 
 import argparse

@@ -8,7 +8,7 @@ exported model all predict with it and nothing else has to know. The checkpoint 
 `logit_adjustment` (`tau`, `tau_fit`, `bootstrap_wins`, `prior`, `balanced_accuracy`, `balanced_accuracy_before`).
 
 Why the gate: on a few hundred validation images the grid's argmax is noisy. On 2:1 solar cells (296 validation
-images) the grid chose tau 0.6-1.6 on the same fold and cost 4.7 points of held-out accuracy for 0.3 of balanced
+images) the grid chose tau 0 to 1.6 across runs of one fold and cost 4.7 points of held-out accuracy for 0.3 of balanced
 accuracy over 12 runs; the rule was chosen on other sets (Fashion-MNIST-LT100, a 2:1 shirt / T-shirt folder, MNIST at
 10:1) among six candidates, with the cells held out (docs/recipes.md, "Choosing the post-hoc tau").
 """
