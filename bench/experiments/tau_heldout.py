@@ -38,13 +38,17 @@ def logits_of(ckpt_path: str, files: list[str]) -> torch.Tensor:
     return torch.cat([model(normalize(x, mean, std)) for x, _, _ in loader])  # (N, C)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def runs(description: str) -> list[tuple[str, str, str]]:
+    """The command line's LOG:TEST pairs as (log, held-out folder, the run's chosen checkpoint: the log's last
+    `checkpoint:` line)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("runs", nargs="+", help="LOG:TEST, a budget_runs.py log and the run's held-out folder")
-    args = ap.parse_args()
-    for pair in args.runs:
-        log, test = pair.rsplit(":", 1)
-        ckpt = re.findall(r"checkpoint: (\S+)", Path(log).read_text())[-1]
+    pairs = [pair.rsplit(":", 1) for pair in ap.parse_args().runs]
+    return [(log, test, re.findall(r"checkpoint: (\S+)", Path(log).read_text())[-1]) for log, test in pairs]
+
+
+def main() -> None:
+    for log, test, ckpt in runs(__doc__.split("\n\n")[0]):
         record = load_checkpoint(ckpt).get("logit_adjustment") or {"tau": 0.0}
         files, y = labelled_files(test)
         adjusted = logits_of(ckpt, files)

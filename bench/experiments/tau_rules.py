@@ -27,14 +27,11 @@ only after the choice, as a check. (The gated rule first ran its own bootstrap l
 choose_tau, which chose the same tau on every run of both.)
 """
 
-import argparse
 import json
-import re
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tau_heldout import labelled_files, logits_of  # same folder: run as a script
+from tau_heldout import labelled_files, logits_of, runs  # same folder: run as a script
 
 from vit.deployment.labelled import training_data
 from vit.evaluation.calibration import fit_temperature
@@ -83,12 +80,7 @@ RULES = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", help="LOG:TEST, a budget_runs.py log and the run's held-out folder")
-    args = ap.parse_args()
-    for pair in args.runs:
-        log, test = pair.rsplit(":", 1)
-        path = re.findall(r"checkpoint: (\S+)", Path(log).read_text())[-1]
+    for log, test, path in runs(__doc__.split("\n\n")[0]):
         ckpt = load_checkpoint(path)
         record = ckpt.get("logit_adjustment") or {"tau": 0.0}
         dm = training_data(path, ckpt, ckpt["hyper_parameters"])

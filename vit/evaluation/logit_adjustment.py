@@ -7,10 +7,10 @@ tau is folded into the head's bias, `b <- b - tau * log(prior)`, so that vit-pre
 exported model all predict with it and nothing else has to know. The checkpoint records it under
 `logit_adjustment` (`tau`, `tau_fit`, `bootstrap_wins`, `prior`, `balanced_accuracy`, `balanced_accuracy_before`).
 
-Why the gate: on a few hundred validation images the grid's argmax is noisy. On 2:1 solar cells (296 validation
-images) the grid chose tau 0 to 1.6 across runs of one fold and cost 4.7 points of held-out accuracy for 0.3 of balanced
-accuracy over 12 runs; the rule was chosen on other sets (Fashion-MNIST-LT100, a 2:1 shirt / T-shirt folder, MNIST at
-10:1) among six candidates, with the cells held out (docs/recipes.md, "Choosing the post-hoc tau").
+Why the gate: on a few hundred validation images the grid's argmax is noisy; on a 2:1 folder of that size it chose
+taus from 0 to 1.6 across runs of one fold and cost several points of held-out accuracy for a fraction of a point of
+balanced accuracy. The rule, its five rivals and the sets it was chosen on: docs/recipes.md, "Choosing the post-hoc
+tau".
 """
 
 import torch
