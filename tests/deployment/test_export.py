@@ -14,8 +14,15 @@ from vit.model.vision_transformer import VisionTransformer
 
 @pytest.mark.parametrize(
     "cfg",
-    [{}, {"global_pool": "token", "pos_embed": "sincos2d"}, {"stem": "resnet"}, {"stem": "spt", "lsa": True}],
-    ids=["avg", "token", "resnetstem", "spt_lsa"],  # the conv stem is the residual one's subset (a conv, BN, ReLU)
+    [
+        {},
+        {"global_pool": "token", "pos_embed": "sincos2d"},
+        {"stem": "resnet"},
+        {"stem": "spt", "lsa": True},
+        {"dist_token": True},
+    ],
+    # the conv stem is the residual one's subset (a conv, BN, ReLU)
+    ids=["avg", "token", "resnetstem", "spt_lsa", "dist"],
 )
 def test_onnx_logits_match_pytorch_with_a_dynamic_batch(cfg, tmp_path):
     model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, **cfg)

@@ -184,3 +184,14 @@ def test_kept_distance_plot_redraws_exactly_what_a_new_figure_draws():
         frames.append(plot.render(d))
         assert frames[-1].dtype == torch.uint8 and torch.equal(frames[-1], fresh)
     assert not torch.equal(frames[0], frames[1])  # the points moved
+
+
+def test_with_a_distillation_token_the_relevance_is_the_mean_of_the_two_heads_rows():
+    rollout = torch.arange(1.0, 26.0).reshape(1, 5, 5)  # avg pool and a distillation token: token 0, 4 patches
+    rel = am.image_relevance(rollout, num_prefix_tokens=1, grid=(2, 2), dist_token=True)
+    expected = (rollout[0, 1:, 1:].mean(0) + rollout[0, 0, 1:]) / 2
+    torch.testing.assert_close(rel.flatten(), expected / expected.sum())
+    # with a class token as well: tokens 0 (class) and 1 (distillation), then the patches
+    cls = am.image_relevance(rollout, num_prefix_tokens=2, grid=(1, 3), dist_token=True)
+    expected = (rollout[0, 0, 2:] + rollout[0, 1, 2:]) / 2
+    torch.testing.assert_close(cls.flatten(), expected / expected.sum())

@@ -100,6 +100,7 @@ VARIANTS = {
     "postnorm": dict(norm_position="post"),
     "moe": dict(moe_experts=3, moe_top_k=2),
     "token": dict(global_pool="token"),
+    "dist": dict(dist_token=True),
 }
 
 

@@ -215,6 +215,7 @@ def test_variants_without_a_timm_counterpart_are_refused():
         {"stem": "conv"},
         {"stem": "spt"},
         {"lsa": True},
+        {"dist_token": True},
     ):
         with pytest.raises(InteropError, match="only the plain model converts"):
             to_timm(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, **cfg))

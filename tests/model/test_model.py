@@ -16,6 +16,8 @@ CONFIGS = [
     {"qk_norm": False, "qkv_bias": False},
     {"init_values": 1e-5, "fc_norm": True},
     {"patch_size": 4, "in_chans": 1},
+    {"dist_token": True},
+    {"dist_token": True, "global_pool": "token", "fc_norm": True},
 ]
 
 
@@ -25,7 +27,7 @@ def test_shapes(cfg):
     x = torch.randn(3, cfg.get("in_chans", 3), 32, 32)
     assert model(x).shape == (3, 7)
     tokens = model.forward_features(x)
-    n = (32 // model.patch_embed.patch_size) ** 2 + (cfg.get("global_pool") == "token")
+    n = (32 // model.patch_embed.patch_size) ** 2 + (cfg.get("global_pool") == "token") + cfg.get("dist_token", 0)
     assert tokens.shape == (3, n, 32)
 
 

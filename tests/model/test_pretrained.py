@@ -143,3 +143,20 @@ def test_the_head_is_kept_only_for_the_same_classes(tmp_path):
         load_pretrained(model, find_pretrained(tmp_path / "m.ckpt"), names)
         assert torch.equal(model.head.weight, src.head.weight) == kept, names
         assert torch.equal(model.blocks[0].attn.qkv.weight, src.blocks[0].attn.qkv.weight)
+
+
+def test_a_distillation_token_is_left_out_or_added_when_fine_tuning(tmp_path):
+    """A distilled checkpoint into a model without the token: the blocks and the class head go on, the token and its
+    head are left out; a plain checkpoint into a model with one: the token and its head are new."""
+    arch = dict(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=2)
+    for src_dist, dist in ((True, False), (False, True)):
+        src = VisionTransformer(**arch, dist_token=src_dist)
+        hp = {"arch": src.cfg.to_dict(), "mean": [0.5] * 3, "std": [0.5] * 3}
+        torch.save({"state_dict": {f"model.{k}": v for k, v in src.state_dict().items()}, "hyper_parameters": hp},
+                   tmp_path / "m.ckpt")  # fmt: skip
+        model = VisionTransformer(**arch, dist_token=dist)
+        fresh = model.head_dist.weight.clone() if dist else None
+        load_pretrained(model, find_pretrained(tmp_path / "m.ckpt"))
+        assert torch.equal(model.head.weight, src.head.weight)
+        assert torch.equal(model.blocks[0].attn.qkv.weight, src.blocks[0].attn.qkv.weight)
+        assert (model.dist_token is not None) == dist and (not dist or torch.equal(model.head_dist.weight, fresh))

@@ -78,6 +78,8 @@ VARIANT_MODELS = {
     "spt_lsa": dict(stem="spt", lsa=True),
     "lsa_local_token": dict(lsa=True, attn_pattern="local", global_pool="token", img_size=48),
     "mimetic": dict(weight_init="mimetic"),
+    "dist": dict(dist_token=True),
+    "dist_token_sparse": dict(dist_token=True, global_pool="token", attn_pattern="sparse", attn_global_tokens=2),
 }
 
 
@@ -99,7 +101,7 @@ def test_fused_and_manual_paths_agree_and_maps_can_be_drawn(name):
     for a, b in zip(outs[0][1], outs[1][1]):  # gradients of a sum of squares reach ~10: relative tolerance
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-3)
     attns, _ = capture_attention(model.eval(), x)  # what the attention-map callback draws
-    n = (cfg["img_size"] // 8) ** 2 + (cfg.get("global_pool") == "token")
+    n = (cfg["img_size"] // 8) ** 2 + (cfg.get("global_pool") == "token") + cfg.get("dist_token", 0)
     assert all(a.shape == (3, 4, n, n) for a in attns)
     torch.testing.assert_close(attns[0].sum(-1), torch.ones(3, 4, n))
     mask = model.attn_mask_for(((cfg["img_size"] // 8),) * 2, x.device, n)
@@ -351,3 +353,34 @@ def test_rope_in_bfloat16_weights_runs_and_stays_close_to_float32():
         out = model.to(torch.bfloat16)(x.to(torch.bfloat16))
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, atol=0.1, rtol=0.1)
+
+
+def test_the_distillation_token_gives_timms_deit_and_the_mean_of_two_heads():
+    """dist_token with a class token: timm's VisionTransformerDistilled (DeiT) with the same weights gives the same
+    answer (the mean of the two heads) and, in distilled training, the same two heads; with mean pooling the class
+    head reads the patches' mean and the distillation head the token after the patches' prefix."""
+    from timm.models.deit import VisionTransformerDistilled
+
+    torch.manual_seed(0)
+    ours = VisionTransformer(**{**SMALL, "global_pool": "token", "dist_token": True}).eval()
+    assert ours.num_prefix_tokens == 2 and ours.dist_token.std() > 0.005  # trunc-normal(0.02), as timm's
+    timms = VisionTransformerDistilled(img_size=32, patch_size=8, num_classes=5, embed_dim=32, depth=2, num_heads=4,
+                                       qk_norm=True, global_pool="token").eval()  # fmt: skip
+    sd = {k: v for k, v in ours.state_dict().items() if k != "pos_embed"}
+    # timm's pos_embed covers the two prefix tokens too: zero there, ours on the patches
+    sd["pos_embed"] = torch.cat([torch.zeros(1, 2, 32), ours.pos_embed.detach()], dim=1)
+    timms.load_state_dict(sd)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), timms(x), atol=1e-5, rtol=0)
+        timms.set_distilled_training(True)
+        timms.train()
+        heads = ours.forward_heads(ours.forward_features(x))
+        for a, b in zip(heads, timms(x), strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    avg = VisionTransformer(**{**SMALL, "dist_token": True}).eval()
+    with torch.no_grad():
+        tokens = avg.forward_features(x)  # (B, 1 + N, D): the distillation token, then the patches
+        assert tokens.shape == (3, 1 + 16, 32)
+        expected = (avg.head(tokens[:, 1:].mean(1)) + avg.head_dist(tokens[:, 0])) / 2
+        torch.testing.assert_close(avg(x), expected)

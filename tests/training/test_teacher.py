@@ -1,5 +1,6 @@
 """vit/training/teacher.py: a CNN teacher trained inside the run, DeiT's hard distillation, the teacher file."""
 
+import dataclasses
 import inspect
 
 import pytest
@@ -103,3 +104,46 @@ def test_fit_trains_the_teacher_first_saves_it_and_a_second_run_reuses_the_file(
     cli = train.main([*args, "--model.teacher", "test_resnet", "--ckpt_path", str(folder / "last.ckpt"),
                       "--trainer.max_epochs", "3"])  # fmt: skip
     assert cli.trainer.current_epoch == 3 and cli.model.teacher_record["epochs"] == record["epochs"]
+
+
+def test_the_distillation_token_learns_the_teachers_class_and_the_class_head_the_labels():
+    arch = dataclasses.replace(TINY, dist_token=True)
+    module = ViTClassifier(arch=arch, label_smoothing=0.0, distill_weight=0.25, teacher="test_resnet")
+    module.eval()  # no dropout: the same logits twice
+    teacher = Teacher("test_resnet", 4, 3, mean=[0.5] * 3, std=[0.25] * 3)
+    teacher.net = Constant(cls=3)
+    module.set_teacher(teacher, torch.full((1, 3, 1, 1), 0.5), torch.full((1, 3, 1, 1), 0.25), {"val_acc": 0.9,
+                       "val_acc_balanced": 0.8})  # fmt: skip
+    x, y = torch.randn(6, 3, 16, 16), torch.tensor([0, 1, 2, 0, 1, 2])
+    with torch.no_grad():
+        loss = module.training_step((x, y), 0)
+        logits, dist = module.model.forward_heads(module.model.forward_features(x))
+        served = module(x)
+    assert not torch.allclose(logits, dist)  # two heads on two tokens
+    expected = 0.75 * F.cross_entropy(logits, y) + 0.25 * F.cross_entropy(dist, torch.full_like(y, 3))
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(served, (logits + dist) / 2)  # DeiT's answer: the mean of the two heads
+    with pytest.raises(ValueError, match=r"dist_token=true: .* set --model.teacher"):
+        ViTClassifier(arch=arch)
+
+
+def test_a_distilled_fit_saves_both_heads_and_the_post_hoc_tau_moves_their_mean(in_tmp, monkeypatch):
+    from vit.data.digits import DigitsDataModule
+    from vit.evaluation import logit_adjustment
+    from vit.model.checkpoint import load_model
+
+    args = ["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false", "--model.arch.dist_token", "true",
+            "--model.teacher", "test_resnet", "--model.teacher_share", "0.5"]  # fmt: skip
+    train.main(args)  # the attention maps callback draws the distilled model every epoch
+    path = in_tmp / "checkpoints" / "smoke" / "version_0" / "last.ckpt"
+    sd = torch.load(path, weights_only=True)["state_dict"]
+    assert sd["model.dist_token"].shape == (1, 1, 32) and "model.head_dist.weight" in sd
+    model, hp = load_model(path)
+    x = (DigitsDataModule(img_size=hp["img_size"]).memory["val"][0][:50].float() / 255 - 0.5) / 0.5
+    counts = [100, 50, 25, 12, 6, 3, 2, 1, 1, 1]
+    monkeypatch.setattr(logit_adjustment, "choose_tau", lambda *a: {"tau": 1.0})
+    batches = [(x, torch.zeros(50, dtype=torch.long))]
+    logit_adjustment.adjust_checkpoints([str(path)], batches, counts, torch.device("cpu"))
+    adjusted, _ = load_model(path)
+    with torch.no_grad():
+        torch.testing.assert_close(adjusted(x), model(x) - logit_adjustment.log_prior(counts), atol=1e-5, rtol=1e-5)

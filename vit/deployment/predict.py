@@ -110,7 +110,8 @@ def map_and_logits(model, x: torch.Tensor, kind: str = "relevance") -> tuple[tor
     attns, logits = capture_attention(model, x)
     patch = model.patch_embed.patch_size
     grid = (x.shape[-2] // patch, x.shape[-1] // patch)
-    return image_relevance(attention_rollout(attns), model.num_prefix_tokens, grid), logits
+    rel = image_relevance(attention_rollout(attns), model.num_prefix_tokens, grid, model.dist_token is not None)
+    return rel, logits
 
 
 def overlays(x: torch.Tensor, maps: torch.Tensor, hparams: dict) -> torch.Tensor:

@@ -67,16 +67,27 @@ def attention_rollout(attentions: list[torch.Tensor]) -> torch.Tensor:
     return rollout
 
 
-def image_relevance(rollout: torch.Tensor, num_prefix_tokens: int, grid: tuple[int, int]) -> torch.Tensor:
-    """Image-level relevance per patch, (B, N, N) -> (B, gh, gw), summing to 1 over the patches.
+def readout(rows: torch.Tensor, num_prefix_tokens: int, dist_token: bool = False) -> torch.Tensor:
+    """What the logits read of a token-to-token matrix (B, T, T) (a rollout, a relevance, one block's attention), over
+    the patches' columns: (B, N).
 
-    With a class token the classifier reads token 0 only, so its rollout row is the relevance. Our default model has
-    no class token: it classifies the *average* of all patch outputs, so every output patch feeds the decision
-    equally, and the relevance is the rollout averaged over all query patches. Token 0 of such a model is a real
-    patch and must not be dropped.
+    With a class token the classifier reads token 0 only, so its row is the answer. Our default model has no class
+    token: it classifies the *average* of all patch outputs, so every output patch feeds the decision equally, and the
+    answer is the mean of the patch tokens' rows. Token 0 of such a model is a real patch and must not be dropped.
+    With a distillation token (the last prefix token) the model answers the mean of its head and the class head: the
+    mean of the two.
     """
     p = num_prefix_tokens
-    rel = rollout[:, 0, p:] if p else rollout.mean(dim=1)
+    r = rows[:, 0, p:] if p > int(dist_token) else rows[:, p:, p:].mean(dim=1)
+    return (r + rows[:, p - 1, p:]) / 2 if dist_token else r
+
+
+def image_relevance(
+    rollout: torch.Tensor, num_prefix_tokens: int, grid: tuple[int, int], dist_token: bool = False
+) -> torch.Tensor:
+    """Image-level relevance per patch, (B, T, T) -> (B, gh, gw), summing to 1 over the patches: the `readout` of the
+    rollout."""
+    rel = readout(rollout, num_prefix_tokens, dist_token)
     rel = rel / rel.sum(dim=-1, keepdim=True)
     return rel.reshape(-1, *grid)
 
@@ -112,8 +123,7 @@ def relevance(
     for a, g in zip(captured, grads):  # forward order: the first block first
         cam = (g * a).clamp(min=0).float().mean(dim=1)  # (B, N, N), heads averaged
         R = R + cam @ R
-    p = model.num_prefix_tokens
-    rel = R[:, 0, p:] if p else R.mean(dim=1)
+    rel = readout(R, model.num_prefix_tokens, model.dist_token is not None)
     rel = rel / rel.sum(dim=-1, keepdim=True).clamp_min(1e-12)
     patch = model.patch_embed.patch_size
     grid = (x.shape[-2] // patch, x.shape[-1] // patch)
@@ -214,7 +224,7 @@ def attention_panels(
     patch, p = model.patch_embed.patch_size, model.num_prefix_tokens
     grid = (x.shape[-2] // patch, x.shape[-1] // patch)
     images = _resize(denormalize(x.float(), mean, std).cpu(), display_size)
-    rel = image_relevance(attention_rollout(attns), p, grid)
+    rel = image_relevance(attention_rollout(attns), p, grid, model.dist_token is not None)
     overlays = overlay_batch(images, rel, cmap)
     heads = attns[0].shape[1]
     per_head_images = images.repeat_interleave(heads, dim=0)  # (B * H, 3, S, S): a row per image, a tile per head

@@ -12,7 +12,7 @@ rollout, the last block's attention, a centre prior, and random.
 
 import torch
 
-from vit.evaluation.attention_maps import attention_rollout, image_relevance, relevance
+from vit.evaluation.attention_maps import attention_rollout, image_relevance, readout, relevance
 from vit.model.vision_transformer import VisionTransformer
 
 MAPS = ("relevance", "rollout", "last_block", "center", "random")
@@ -23,15 +23,15 @@ def patch_scores(model: VisionTransformer, x: torch.Tensor, seed: int = 0) -> tu
     predicted one)."""
     rel, logits, attns = relevance(model, x)
     B, gh, gw = rel.shape
-    p = model.num_prefix_tokens
+    p, distilled = model.num_prefix_tokens, model.dist_token is not None
     last = attns[-1].mean(dim=1)  # (B, T, T), heads averaged
     rows, cols = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
     dist = ((rows - (gh - 1) / 2) ** 2 + (cols - (gw - 1) / 2) ** 2).flatten().float()
     g = torch.Generator().manual_seed(seed)
     scores = {
         "relevance": rel.flatten(1),
-        "rollout": image_relevance(attention_rollout(attns), p, (gh, gw)).flatten(1),
-        "last_block": (last[:, 0, p:] if p else last[:, :, p:].mean(dim=1)),
+        "rollout": image_relevance(attention_rollout(attns), p, (gh, gw), distilled).flatten(1),
+        "last_block": readout(last, p, distilled),
         "center": (-dist).expand(B, -1).to(x.device),
         "random": torch.rand(B, gh * gw, generator=g).to(x.device),
     }

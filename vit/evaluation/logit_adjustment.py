@@ -97,8 +97,10 @@ def adjust_checkpoints(paths: list[str], batches, counts: list[int], device: tor
         logits, targets = logits_of(model, batches, device)
         report = choose_tau(logits, targets, prior)
         ckpt = load_checkpoint(path)
-        bias = ckpt["state_dict"]["model.head.bias"]
-        ckpt["state_dict"]["model.head.bias"] = bias - (report["tau"] * prior).to(bias.dtype)
+        sd = ckpt["state_dict"]
+        for key in ("model.head.bias", "model.head_dist.bias"):  # both heads of a distilled model: their mean moves
+            if key in sd:
+                sd[key] = sd[key] - (report["tau"] * prior).to(sd[key].dtype)
         ckpt["logit_adjustment"] = {**report, "prior": prior.exp().tolist()}
         AtomicCheckpointIO().save_checkpoint(ckpt, path)
         reports[path] = report

@@ -48,10 +48,11 @@ def pooled_features(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     if hasattr(model, "features_and_logits"):
         return model.features_and_logits(x)
     taps = []
-    final = model.forward_head(model.forward_features(x, taps=taps), pre_logits=True)  # (B, D)
+    tokens = model.forward_features(x, taps=taps)
+    final = model.forward_head(tokens, pre_logits=True)  # (B, D): what the class head reads
     p = model.num_prefix_tokens
     feats = torch.stack([t[:, p:].mean(1) for t in taps] + [final], dim=1)
-    return feats, model.head(final)
+    return feats, model.forward_head(tokens)
 
 
 def _layers(feats: torch.Tensor) -> torch.Tensor:

@@ -120,6 +120,10 @@ class ViTConfig:
     """"" (timm's default: trunc-normal 0.02 for the linears), or mimetic (Trockman & Kolter 2023): each head's
     W_q W_k^T starts near 0.7 Z + 0.7 I and W_proj W_v near 0.4 Z - 0.4 I (Z Gaussian), the products that attention
     layers of pretrained ViTs show, at no cost per step. Plain attention only (no grouped-query or latent heads)."""
+    dist_token: bool = False
+    """DeiT's distillation token (Touvron et al. 2021): one more token beside the patches (after the class token),
+    read by its own head (`head_dist`) that training teaches the teacher's class (`--model.teacher`); the model
+    answers the mean of the two heads' logits, as DeiT does at inference."""
 
     def __post_init__(self) -> None:
         c = self
@@ -191,6 +195,8 @@ class ViTConfig:
                 "lsa=true hides each token from itself: with one token, or attn_pattern='local' and attn_window=1, "
                 "a token has nothing left to attend to"
             )
+        if not isinstance(c.dist_token, bool):  # it counts the tokens: a string or a number must not pass for it
+            raise ValueError(f"dist_token={c.dist_token!r} must be true or false")
         lat = c.kv_latent_dim
         if lat is not None and (not _is_int(lat) or lat < 1):
             raise ValueError(f"kv_latent_dim={lat!r} must be a positive integer, or null for plain attention")

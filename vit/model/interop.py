@@ -93,10 +93,12 @@ def timm_args(model: VisionTransformer) -> dict:
         or type(blk.attn) is not Attention  # latent attention, LSA
         or model.cfg.stem != "patch"
         or model.cfg.lsa
+        or model.cfg.dist_token
     ):
         raise InteropError(
             "timm's VisionTransformer has no grouped-query or latent attention, attention patterns, Post-Norm, "
-            "RoPE, SwiGLU, MoE, convolutional or shifted-patch stem, or LSA here: only the plain model converts"
+            "RoPE, SwiGLU, MoE, convolutional or shifted-patch stem, LSA or a distillation token "
+            "here: only the plain model converts"
         )
     return dict(
         img_size=model.grid_size[0] * model.patch_embed.patch_size,

@@ -230,26 +230,31 @@ def load_pretrained(model: VisionTransformer, weights: Pretrained, class_names: 
     elif cfg.in_chans != weights.arch["in_chans"]:
         raise InteropError(f"init_from={src}: {weights.arch['in_chans']} input channels, the data {cfg.in_chans}")
     renamed = bool(class_names and weights.class_names) and list(class_names) != list(weights.class_names)
+    heads = ("head", "head_dist")
     if weights.arch["num_classes"] != cfg.num_classes or renamed:
-        sd.pop("head.weight", None), sd.pop("head.bias", None)
+        sd = {k: v for k, v in sd.items() if k.split(".")[0] not in heads}
+    if not cfg.dist_token:  # a distilled model's class head and blocks go on without its distillation token
+        sd = {k: v for k, v in sd.items() if k.split(".")[0] not in ("dist_token", "head_dist")}
     if model.pos_embed_type != "learned":
         sd.pop("pos_embed", None)  # fixed sincos: nothing to load
     missing, unexpected = model.load_state_dict(sd, strict=False)
     global _last_read
     _last_read = None  # the model holds its copy now
-    # LSA's temperatures are new parameters: they start from timm's own scale, sqrt(head_dim)
-    missing = [k for k in missing if not k.endswith(".attn.temperature")]
-    if set(missing) - {"head.weight", "head.bias"} or unexpected:
+    # New parameters: LSA's temperatures start from timm's own scale, sqrt(head_dim); a distillation token and its
+    # head the weights lack start as a new model's
+    missing = [k for k in missing if not k.endswith(".attn.temperature") and k.split(".")[0] != "dist_token"]
+    if {k for k in missing if k.split(".")[0] not in heads} or unexpected:
         raise InteropError(
             f"init_from={src}: weights do not fit: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
         )
 
 
 # The fields whose values timm weights' shapes (or their config) fix; image size, patch size, channels and classes
-# may differ (resampled, adapted, a new head). A toolkit checkpoint fixes every field but FREE.
+# may differ (resampled, adapted, a new head; a distillation token added or left out). A toolkit checkpoint fixes every
+# field but FREE.
 FIXED_BY_WEIGHTS = ("embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "qk_norm", "global_pool", "fc_norm")
 FREE = ("img_size", "patch_size", "in_chans", "num_classes", "drop_rate", "attn_drop_rate", "drop_path_rate",
-        "patch_drop_rate", "weight_init")  # fmt: skip
+        "patch_drop_rate", "weight_init", "dist_token")  # fmt: skip
 
 
 def _resample_ours(sd: dict, model: VisionTransformer, arch: dict) -> dict:

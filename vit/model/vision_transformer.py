@@ -302,12 +302,14 @@ class VisionTransformer(nn.Module):
         self.embed_dim = cfg.embed_dim
         self.global_pool = cfg.global_pool
         self.grid_size = (cfg.img_size // cfg.patch_size, cfg.img_size // cfg.patch_size)
-        self.num_prefix_tokens = 1 if cfg.global_pool == "token" else 0
+        # Tokens before the patches: the class token (token pooling), then DeiT's distillation token
+        self.num_prefix_tokens = int(cfg.global_pool == "token") + int(cfg.dist_token)
         self.pos_embed_type = cfg.pos_embed
         norm = get_norm_layer(cfg.norm_layer)
 
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim, cfg.stem)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.global_pool == "token" else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.dist_token else None
         num_patches = self.grid_size[0] * self.grid_size[1]
         self.use_rope = cfg.rope or cfg.pos_embed == "rope2d"
         if cfg.pos_embed == "learned":
@@ -335,12 +337,17 @@ class VisionTransformer(nn.Module):
         self.fc_norm = norm(cfg.embed_dim) if cfg.fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        if cfg.dist_token:  # the distillation token's own head (timm's name)
+            self.head_dist = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self._init_weights()
 
     def _init_weights(self) -> None:
-        # timm's default ('') init: trunc-normal(0.02) for linears and the learned pos embed, tiny class token.
+        # timm's default ('') init: trunc-normal(0.02) for linears, the learned pos embed and the distillation token
+        # (timm's VisionTransformerDistilled), tiny class token.
         if isinstance(self.pos_embed, nn.Parameter):
             trunc_normal_(self.pos_embed, std=0.02)
+        if self.dist_token is not None:
+            trunc_normal_(self.dist_token, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
         for m in self.modules():
@@ -354,7 +361,7 @@ class VisionTransformer(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that AdamW should not decay (besides norms and biases)."""
-        return {"pos_embed", "cls_token"}
+        return {"pos_embed", "cls_token", "dist_token"}
 
     def set_fused_attn(self, enable: bool) -> None:
         """Switch every attention block between the fused SDPA path and the manual path."""
@@ -403,8 +410,9 @@ class VisionTransformer(nn.Module):
         pos = self.pos_embed_for(grid)
         if pos is not None:
             x = x + pos
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token) if t is not None]
+        if prefix:  # (B, N, D) -> (B, prefix + N, D)
+            x = torch.cat([*prefix, x], dim=1)
         x = self.pos_drop(x)
         if self.patch_drop is not None:
             x = self.patch_drop(x)
@@ -416,11 +424,21 @@ class VisionTransformer(nn.Module):
                 taps.append(x)
         return self.norm(x)
 
+    def forward_heads(self, x: torch.Tensor, pre_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The class head's logits (B, num_classes), from the mean of the patch tokens or the class token of the
+        tokens (B, T, D), and the distillation token's head's (None without one); their inputs (B, D) if pre_logits."""
+        pooled = x[:, self.num_prefix_tokens :].mean(dim=1) if self.global_pool == "avg" else x[:, 0]
+        pooled = self.head_drop(self.fc_norm(pooled))
+        if self.dist_token is None:
+            return (pooled if pre_logits else self.head(pooled)), None
+        dist = self.head_drop(self.fc_norm(x[:, self.num_prefix_tokens - 1]))
+        return (pooled, dist) if pre_logits else (self.head(pooled), self.head_dist(dist))
+
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Pool the tokens (mean of the patches, or the class token) and classify: (B, T, D) -> (B, num_classes)."""
-        x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.global_pool == "avg" else x[:, 0]
-        x = self.head_drop(self.fc_norm(x))
-        return x if pre_logits else self.head(x)
+        """Pool the tokens and classify: (B, T, D) -> (B, num_classes); with a distillation token the mean of the two
+        heads' logits (DeiT's answer). pre_logits: what the class head reads (B, D)."""
+        logits, dist = self.forward_heads(x, pre_logits)
+        return logits if dist is None or pre_logits else (logits + dist) / 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))

@@ -53,6 +53,8 @@ def check_arguments(
             f"drloc_weight={numbers['drloc_weight']} needs every token where it was: not with "
             f"patch_drop_rate={arch.patch_drop_rate}"
         )
+    if arch.dist_token and not teacher:
+        raise ValueError("dist_token=true: the distillation token's head learns a teacher's class: set --model.teacher")
     if numbers.get("guidance_weight") and not teacher:
         raise ValueError(
             f"guidance_weight={numbers['guidance_weight']} imitates a teacher's features: set --model.teacher"

@@ -30,7 +30,7 @@ from vit.training.nonfinite import NonFiniteGuard, NonFiniteLossError, supports_
 from vit.training.optim import MuonWithAdamW, decay_groups, grads_of, params_with_grads, split_for_muon
 from vit.training.rng import restore_rng_states, rng_states
 from vit.training.schedules import lr_factor, schedule_warmup, train_side
-from vit.training.teacher import LocalityGuidance, TeacherFit
+from vit.training.teacher import LocalityGuidance, TeacherFit, hard_distillation
 
 
 class ViTClassifier(L.LightningModule):
@@ -77,7 +77,8 @@ class ViTClassifier(L.LightningModule):
         task: linked from the DataModule: "multiclass" (one label an image, softmax), or "multilabel" (several: a
             sigmoid per label, binary cross-entropy, val/mAP and F1; vit/training/multilabel.py).
         teacher: a timm CNN trained from scratch first, for `teacher_share` of the budget, or a teacher.safetensors
-            of an earlier run; then DeiT's hard distillation with weight `distill_weight` (vit/training/teacher.py).
+            of an earlier run; then DeiT's hard distillation with weight `distill_weight` (vit/training/teacher.py),
+            learnt by the distillation token's head with `arch.dist_token`, else by the logits themselves.
         drloc_weight: DRLoc's auxiliary loss (the final tokens' relative positions, vit/training/drloc.py); 0: off.
         guidance_weight: with a teacher, locality guidance: every block imitates a teacher stage's features; 0: off.
     """
@@ -197,17 +198,19 @@ class ViTClassifier(L.LightningModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
-    def forward_train(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | float, torch.Tensor | None]:
-        """A training batch's logits (B, C), the weighted auxiliary losses (DRLoc on the final tokens, locality
-        guidance on every block's; 0 without) and the teacher's logits on the batch (None without a teacher)."""
+    def forward_train(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | float, tuple | None]:
+        """A training batch's logits (B, C) (the class head's), the weighted auxiliary losses (DRLoc on the final
+        tokens, locality guidance on every block's; 0 without) and, with a teacher, what distillation compares: the
+        distillation token's head's logits (else the same logits) and the teacher's on the batch."""
         teacher_logits, maps = None, None
         if self.teacher is not None:
             with torch.no_grad():
                 seen = self.teacher.renormalise(x, *self._teacher_norm)
                 guided = self.guidance is not None
                 teacher_logits, maps = self.teacher.with_features(seen) if guided else (self.teacher(seen), None)
-        if self.drloc is None and maps is None:
-            return self(x), 0.0, teacher_logits
+        if self.drloc is None and maps is None and self.model.dist_token is None:
+            logits = self(x)  # through the model's forward: the compiled one under --model.compile
+            return logits, 0.0, None if teacher_logits is None else (logits, teacher_logits)
         taps = [] if maps is not None else None  # each block's tokens (B, prefix + N, D)
         tokens = self.model.forward_features(x, taps)  # (B, prefix + N, D)
         p, prefix = self.model.cfg.patch_size, self.model.num_prefix_tokens
@@ -215,7 +218,8 @@ class ViTClassifier(L.LightningModule):
         aux = self.hparams.drloc_weight * self.drloc(tokens[:, prefix:], grid) if self.drloc is not None else 0.0
         if maps is not None:
             aux = aux + self.hparams.guidance_weight * self.guidance([t[:, prefix:] for t in taps], maps, grid)
-        return self.model.forward_head(tokens), aux, teacher_logits
+        logits, dist = self.model.forward_heads(tokens)  # dist (B, C): None without a distillation token
+        return logits, aux, None if teacher_logits is None else (logits if dist is None else dist, teacher_logits)
 
     def set_teacher(self, teacher: torch.nn.Module, mean: torch.Tensor, std: torch.Tensor, record: dict) -> None:
         """The frozen teacher, the student's normalisation (mean, std: (1, C, 1, 1) on the device) and what the
@@ -224,13 +228,6 @@ class ViTClassifier(L.LightningModule):
         self._teacher_norm = (mean, std)
         self.teacher_record = record
         self.teacher_scores = {f"teacher/{k}": float(record[k]) for k in ("val_acc", "val_acc_balanced")}
-
-    def distilled(self, logits: torch.Tensor, teacher_logits: torch.Tensor | None, loss: torch.Tensor) -> torch.Tensor:
-        """DeiT's hard distillation: the loss mixed with CE against the teacher's class on the same batch."""
-        if teacher_logits is None:  # no teacher, or a multi-label task (refused when built)
-            return loss
-        w = self.hparams.distill_weight
-        return (1 - w) * loss + w * F.cross_entropy(logits, teacher_logits.argmax(-1))
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -242,17 +239,17 @@ class ViTClassifier(L.LightningModule):
         multi = self.hparams.get("task") == "multilabel"
         if self.mixup is not None and len(x) % 2 == 0:  # timm's Mixup pairs images: it needs an even batch
             x, y_soft = mix_soft(self.mixup, x, y) if soft else self.mixup(x, y)
-            logits, aux, teacher_logits = self.forward_train(x)
+            logits, aux, distill = self.forward_train(x)
             loss = multilabel_loss(logits, y_soft) if multi else self.soft_ce(logits + prior, y_soft)
-            loss = self.distilled(logits, teacher_logits, loss) + aux
+            loss = hard_distillation(loss, distill, self.hparams.distill_weight) + aux
         elif multi:
             logits, aux, _ = self.forward_train(x)
             loss = multilabel_loss(logits, y) + aux
         else:
-            logits, aux, teacher_logits = self.forward_train(x)
+            logits, aux, distill = self.forward_train(x)
             # cross_entropy takes class indices or probabilities alike (label smoothing applies to both)
             loss = F.cross_entropy(logits + prior, y, label_smoothing=self.hparams.label_smoothing)
-            loss = self.distilled(logits, teacher_logits, loss) + aux
+            loss = hard_distillation(loss, distill, self.hparams.distill_weight) + aux
             # update only: one log of the epoch's accuracy in on_train_epoch_end instead of a self.log per step
             # (each costs Lightning an apply_to_collection over the metric), and no per-batch compute
             self.train_acc.update(logits.detach(), y.argmax(-1) if soft else y)

@@ -14,7 +14,7 @@ WSD_DECAY = 0.2
 
 def layer_id(name: str, depth: int) -> int:
     """Depth of a parameter for layer-wise lr decay: embeddings 0, block i -> i + 1, final norm and head depth + 1."""
-    if name.startswith(("patch_embed.", "pos_embed", "cls_token")):
+    if name.startswith(("patch_embed.", "pos_embed", "cls_token", "dist_token")):
         return 0
     if name.startswith("blocks."):
         return int(name.split(".")[1]) + 1

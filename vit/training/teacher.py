@@ -65,6 +65,16 @@ class Teacher(torch.nn.Module):
         save_file(self.net.state_dict(), str(path), metadata={"teacher": json.dumps(meta)})
 
 
+def hard_distillation(loss: torch.Tensor, distill: tuple | None, weight: float) -> torch.Tensor:
+    """DeiT's hard distillation: `(1 - weight) * loss + weight * CE(student, the teacher's class)`, `distill` being
+    (student logits, teacher logits), both (B, C) on the same batch (the module's `forward_train`); the loss alone
+    without a teacher (None: no teacher, or a multi-label task, refused when the module is built)."""
+    if distill is None:
+        return loss
+    student, teacher_logits = distill
+    return (1 - weight) * loss + weight * F.cross_entropy(student, teacher_logits.argmax(-1))
+
+
 def teacher_channels(name: str, in_chans: int) -> list[int]:
     """The channels of a teacher's stages after the stem (what `Teacher.with_features` returns), from a timm name or a
     teacher file's record, without its weights."""
