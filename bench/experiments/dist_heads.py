@@ -11,11 +11,10 @@ RUN/log.txt is the log budget_runs.py keeps. Prints one JSON row a run: {"log", 
 import json
 
 import torch
-from tau_heldout import labelled_files, runs  # same folder: run as a script
+from tau_heldout import labelled_files, percent_right, runs  # same folder: run as a script
 from torch.utils.data import DataLoader
 
 from vit.deployment.predict import ImageFiles, channel_stats, collate, normalize
-from vit.evaluation.scores import balanced_accuracy
 from vit.model.checkpoint import load_model
 
 
@@ -36,9 +35,7 @@ def main() -> None:
         cls, dist = heads_of(ckpt, files)
         row = {"log": log}
         for name, logits in (("served", (cls + dist) / 2), ("class_head", cls), ("dist_head", dist)):
-            pred = logits.argmax(-1)
-            acc, bal = (pred == y).float().mean(), balanced_accuracy(pred, y, logits.shape[-1])
-            row[name] = [round(100 * float(acc), 1), round(100 * float(bal), 1)]
+            row[name] = percent_right(logits, y)
         print(json.dumps(row), flush=True)
 
 

@@ -38,6 +38,13 @@ def logits_of(ckpt_path: str, files: list[str]) -> torch.Tensor:
     return torch.cat([model(normalize(x, mean, std)) for x, _, _ in loader])  # (N, C)
 
 
+def percent_right(logits: torch.Tensor, y: torch.Tensor) -> list[float]:
+    """[accuracy, balanced accuracy] in percent, one decimal, of logits (N, C) against labels (N,)."""
+    pred = logits.argmax(-1)
+    acc, bal = (pred == y).float().mean(), balanced_accuracy(pred, y, logits.shape[-1])
+    return [round(100 * float(acc), 1), round(100 * float(bal), 1)]
+
+
 def runs(description: str) -> list[tuple[str, str, str]]:
     """The command line's LOG:TEST pairs as (log, held-out folder, the run's chosen checkpoint: the log's last
     `checkpoint:` line)."""
@@ -55,9 +62,7 @@ def main() -> None:
         log_prior = torch.tensor(record["prior"]).log() if record["tau"] else torch.zeros(adjusted.shape[-1])
         row = {"log": log, "tau": record["tau"]}
         for name, logits in (("adjusted", adjusted), ("tau0", adjusted + record["tau"] * log_prior)):
-            pred = logits.argmax(-1)
-            acc, bal = (pred == y).float().mean(), balanced_accuracy(pred, y, logits.shape[-1])
-            row[name] = [round(100 * float(acc), 1), round(100 * float(bal), 1)]
+            row[name] = percent_right(logits, y)
         print(json.dumps(row), flush=True)
 
 

@@ -570,3 +570,15 @@ def test_a_photo_plan_shows_what_photos_reached_not_the_digits_of_its_tier():
     cells = fp(1181, n_val=295, classes=2, side=300, symmetry=0.98)
     rows = {r[0]: r[1:] for r in make_plan(cells, CPU2, 900, 3.0, speeds_like_2_cores).rows}
     assert MEASURED_PHOTOS in rows["measured"][0] and "digits" not in rows["measured"][0]
+
+
+def test_the_plan_table_says_how_a_teachers_time_is_taken(digits_folder, in_tmp, caplog):
+    import logging
+
+    flags = ["--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false", "--model.teacher", "test_resnet",
+             *TINY_FLAGS]  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        cli = train.main(["fit", "--config", "configs/folder.yaml", "--data.root", str(digits_folder), *flags])
+    row = next(line for line in caplog.text.splitlines() if line.strip().startswith("teacher "))
+    assert "test_resnet, trained first, for 30% of max_epochs" in row and "its score alone follows" in row
+    assert cli.model.teacher_record["epochs"] == 1

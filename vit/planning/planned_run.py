@@ -130,6 +130,12 @@ def apply_plan(
         config.model.warmup_epochs = warmup_epochs(config.trainer.max_epochs or 1)  # 5% of your epochs
     if yours:
         plan.rows.append(("yours (wins)", ", ".join(yours), "set in a config or on the command line"))
+    teacher = config.get("model.teacher")
+    if teacher:  # vit/training/teacher.py: trained (or read) when fit starts; the ViT's epochs then fit what is left
+        of = "the time left" if budget is not None else "max_epochs"
+        made = f"trained first, for {config.get('model.teacher_share'):.0%} of {of}"
+        made = "read from its file" if str(teacher).endswith(".safetensors") else made
+        plan.rows.append(("teacher", f"{teacher}, {made}", "the ViT's epochs fit in the rest; its score alone follows"))
     rank_zero_info(f"plan for {fp.root}:\n{plan.table()}")
     deadline = start + budget if budget is not None else None
     return plan, deadline
