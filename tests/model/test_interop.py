@@ -179,14 +179,17 @@ def test_init_from_a_different_architecture_is_one_clear_error(tmp_path):
         )
 
 
-def test_freeze_backbone_trains_only_the_head_first(tmp_path):
+@pytest.mark.parametrize("distilled", [False, True])
+def test_freeze_backbone_trains_only_the_head_first(distilled, tmp_path):
     import lightning as L
 
     from vit.data.digits import DigitsDataModule
     from vit.training.module import ViTClassifier
 
     L.seed_everything(0)
-    module = ViTClassifier(arch=dict(patch_size=8, embed_dim=32, depth=1, num_heads=2), freeze_backbone_epochs=1)
+    arch = dict(patch_size=8, embed_dim=32, depth=1, num_heads=2, dist_token=distilled)
+    teacher = {"teacher": "test_resnet", "teacher_share": 0.1} if distilled else {}
+    module = ViTClassifier(arch=arch, freeze_backbone_epochs=1, **teacher)
     before = {k: v.clone() for k, v in module.model.state_dict().items()}
     trainer = L.Trainer(
         max_epochs=1,
@@ -200,7 +203,7 @@ def test_freeze_backbone_trains_only_the_head_first(tmp_path):
     trainer.fit(module, datamodule=DigitsDataModule(batch_size=32))
     after = module.model.state_dict()
     changed = {k for k in after if not torch.equal(after[k], before[k])}
-    assert changed == {"head.weight", "head.bias"}
+    assert changed == {"head.weight", "head.bias"} | ({"head_dist.weight", "head_dist.bias"} if distilled else set())
 
 
 def test_variants_without_a_timm_counterpart_are_refused():

@@ -416,7 +416,8 @@ class ViTClassifier(L.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         frozen = self.current_epoch < self.hparams.freeze_backbone_epochs
-        backbone = [p for name, p in self.model.named_parameters() if not name.startswith(("head.", "fc_norm."))]
+        heads = ("head.", "head_dist.", "fc_norm.")
+        backbone = [p for name, p in self.model.named_parameters() if not name.startswith(heads)]
         # One process: no gradients for the backbone at all (no backward through it). Under DDP the parameters
         # that take part were fixed when the model was wrapped, so they keep requires_grad and their gradients are
         # dropped before the optimizer step instead (fused AdamW and Muon skip a parameter without a gradient).
