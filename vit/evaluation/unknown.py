@@ -52,7 +52,8 @@ def pooled_features(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     final = model.forward_head(tokens, pre_logits=True)  # (B, D): what the class head reads
     p = model.num_prefix_tokens
     feats = torch.stack([t[:, p:].mean(1) for t in taps] + [final], dim=1)
-    return feats, model.forward_head(tokens)
+    # the served logits: the class head's, or with a distillation token the mean of both heads
+    return feats, model.head(final) if model.dist_token is None else model.forward_head(tokens)
 
 
 def _layers(feats: torch.Tensor) -> torch.Tensor:
