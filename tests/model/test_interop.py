@@ -192,6 +192,7 @@ def test_freeze_backbone_trains_only_the_head_first(distilled, tmp_path):
     module = ViTClassifier(arch=arch, freeze_backbone_epochs=1, **teacher)
     before = {k: v.clone() for k, v in module.model.state_dict().items()}
     trainer = L.Trainer(
+        default_root_dir=tmp_path,  # where the teacher file goes when there is no checkpoint folder or logger
         max_epochs=1,
         limit_train_batches=3,
         logger=False,
