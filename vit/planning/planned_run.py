@@ -132,9 +132,9 @@ def apply_plan(
         plan.rows.append(("yours (wins)", ", ".join(yours), "set in a config or on the command line"))
     teacher = config.get("model.teacher")
     if teacher:  # vit/training/teacher.py: trained (or read) when fit starts; the ViT's epochs then fit what is left
-        of = "the time left" if budget is not None else "max_epochs"
-        made = f"trained first, for {config.get('model.teacher_share'):.0%} of {of}"
-        made = "read from its file" if str(teacher).endswith(".safetensors") else made
+        share, of = config.get("model.teacher_share"), "the time left" if budget is not None else "max_epochs"
+        trained = f"trained first, for {share:.0%} of {of}"
+        made = "read from its file" if str(teacher).endswith(".safetensors") else trained
         plan.rows.append(("teacher", f"{teacher}, {made}", "the ViT's epochs fit in the rest; its score alone follows"))
     rank_zero_info(f"plan for {fp.root}:\n{plan.table()}")
     deadline = start + budget if budget is not None else None
