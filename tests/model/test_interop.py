@@ -223,3 +223,29 @@ def test_variants_without_a_timm_counterpart_are_refused():
     ):
         with pytest.raises(InteropError, match="only the plain model converts"):
             to_timm(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, **cfg))
+
+
+def test_deits_distilled_weights_give_timms_answer(tmp_path):
+    """timm's VisionTransformerDistilled (DeiT: class and distillation tokens, both with positions, two heads) loads
+    as dist_token: the same eval logits (the mean of both heads), from the model or from a weights file; a new class
+    count replaces both heads."""
+    from timm.models.deit import VisionTransformerDistilled
+
+    torch.manual_seed(0)
+    ref = VisionTransformerDistilled(img_size=32, patch_size=8, num_classes=7, embed_dim=64, depth=2, num_heads=2)
+    ref.eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    ours = from_timm(ref).eval()
+    assert ours.cfg.dist_token and ours.num_prefix_tokens == 2
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x), atol=1e-5, rtol=0)
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, tmp_path / "deit.safetensors")
+    with torch.no_grad():
+        torch.testing.assert_close(from_timm(tmp_path / "deit.safetensors", num_heads=2).eval()(x), ref(x),
+                                   atol=1e-5, rtol=0)  # fmt: skip
+    new = from_timm(ref, num_classes=3)
+    assert new.head.out_features == new.head_dist.out_features == 3
+    torch.testing.assert_close(new.dist_token, ref.dist_token + ref.pos_embed[:, 1:2])  # its position folded in

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import timm
+import torch
 from safetensors.torch import save_file
 
 import train
@@ -72,6 +73,22 @@ def test_a_folder_fine_tunes_the_weights_model_without_spelling_it(digits_folder
     resumed = train.main(["fit", "--config", str(plan), *flags])
     assert resumed.trainer.current_epoch == 2 and resumed.model.hparams.arch["num_heads"] == 2
     assert Path(resumed.trainer.ckpt_path).resolve() == last.resolve()  # resumed from it, not trained afresh
+
+
+def test_deits_distilled_weights_fine_tune_without_a_teacher(digits_folder, in_tmp):
+    """DeiT's distilled weights (two prefix tokens with positions, two heads): the run keeps the class token (its
+    position folded in) and the blocks, and leaves the distillation token out, since it would need a teacher."""
+    from timm.models.deit import VisionTransformerDistilled
+
+    src = VisionTransformerDistilled(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2)
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, in_tmp / "model.safetensors")
+    (in_tmp / "config.json").write_text(json.dumps({"architecture": "deit_mine", "model_args": {"num_heads": 2}}))
+    flags = [*FLAGS, "--trainer.limit_train_batches", "0", "--trainer.num_sanity_val_steps", "0"]  # no step: as loaded
+    cli = train.main(["fit", "--data.root", str(digits_folder), "--model.init_from", str(in_tmp), *flags])
+    model = cli.model.model
+    assert cli.model.hparams.arch["dist_token"] is False and model.dist_token is None and model.num_prefix_tokens == 1
+    assert torch.allclose(model.cls_token, src.cls_token + src.pos_embed[:, :1])
+    assert torch.equal(model.blocks[1].mlp.fc2.weight, src.blocks[1].mlp.fc2.weight)
 
 
 def test_a_field_that_contradicts_the_weights_is_one_line(digits_folder, weights, in_tmp):

@@ -10,6 +10,9 @@ Our module names are timm's, so most tensors copy one to one. What differs:
   before the blocks, so we fold it into our `cls_token`: cls + pos_embed[:, 0] gives the same activations.
 - Our average-pooling model has no class token; a timm model with both a class token and average pooling has no
   counterpart here and is refused with a clear error.
+- DeiT's distilled models (timm's VisionTransformerDistilled: a distillation token after the class token, its own
+  head `head_dist`) load as `dist_token: true`, answering the mean of the two heads as timm does in eval; both tokens'
+  positions fold into the tokens. Back to timm, only the plain model converts.
 A state dict alone does not say how many heads it has (ViT-H/14 has 16 heads of 80, not 20 of 64): pass `num_heads`
 unless the qk_norm weights give the head size away; `vit.model.pretrained` also reads timm's config.json and registry.
 """
@@ -49,8 +52,9 @@ def from_timm(
         sd, cfg = weights.state_dict, weights.arch
     sd = convert_from_timm(sd, cfg, img_size, patch_size)
     new_classes = cfg["num_classes"] if num_classes is None else num_classes
+    heads = {"head.weight", "head.bias"} | ({"head_dist.weight", "head_dist.bias"} if cfg.get("dist_token") else set())
     if new_classes != cfg["num_classes"]:
-        sd.pop("head.weight", None), sd.pop("head.bias", None)
+        sd = {k: v for k, v in sd.items() if k not in heads}
     arch = ViTConfig(
         **{
             **cfg,
@@ -61,7 +65,7 @@ def from_timm(
     )
     model = VisionTransformer(arch)
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    allowed = {"head.weight", "head.bias"} if new_classes != cfg["num_classes"] else set()
+    allowed = heads if new_classes != cfg["num_classes"] else set()
     if set(missing) - allowed or unexpected:
         raise InteropError(
             f"weights do not fit: missing {sorted(set(missing) - allowed)[:5]}, unexpected {sorted(unexpected)[:5]}"

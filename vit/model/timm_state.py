@@ -1,6 +1,7 @@
 """timm state dicts as data: read from a file (safetensors, or torch files without pickled code), their
-architecture read from the shapes, and their keys converted to this model's (the class token's position folded, the
-position embeddings and the patch kernel resampled). vit/model/interop.py and vit/model/pretrained.py build on it.
+architecture read from the shapes, and their keys converted to this model's (the class and distillation tokens'
+positions folded, the position embeddings and the patch kernel resampled). vit/model/interop.py and
+vit/model/pretrained.py build on it.
 """
 
 from pathlib import Path
@@ -50,7 +51,7 @@ def config_from_state_dict(sd: dict[str, torch.Tensor], num_heads: int | None = 
     w = sd["patch_embed.proj.weight"]  # (D, C, p, p)
     embed_dim, in_chans, patch = w.shape[0], w.shape[1], w.shape[-1]
     depth = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks."))
-    has_cls = "cls_token" in sd
+    has_cls, dist = "cls_token" in sd, "dist_token" in sd  # dist_token: DeiT's distilled models
     avg = "fc_norm.weight" in sd or not has_cls
     if has_cls and avg:
         raise InteropError(
@@ -62,8 +63,8 @@ def config_from_state_dict(sd: dict[str, torch.Tensor], num_heads: int | None = 
     if num_heads is None:  # every shape would match with any divisor of embed_dim, and the logits would not
         raise InteropError("the weights do not say how many attention heads they have (no qk_norm): pass num_heads")
     n_pos = sd["pos_embed"].shape[1]
-    if has_cls and round(n_pos**0.5) ** 2 != n_pos:  # timm's default layout: one position for the class token
-        n_pos -= 1
+    if has_cls and round(n_pos**0.5) ** 2 != n_pos:  # timm's default layout: a position for each prefix token
+        n_pos -= 1 + dist
     grid = round(n_pos**0.5)
     if grid * grid != n_pos:
         raise InteropError(f"pos_embed of {sd['pos_embed'].shape[1]} tokens is not a square grid")
@@ -81,19 +82,23 @@ def config_from_state_dict(sd: dict[str, torch.Tensor], num_heads: int | None = 
         global_pool="avg" if avg else "token",
         fc_norm="fc_norm.weight" in sd,
         init_values=1e-5 if "blocks.0.ls1.gamma" in sd else None,  # the value is overwritten by the weights
+        dist_token=dist,
     )
 
 
 def convert_from_timm(
     sd: dict[str, torch.Tensor], cfg: dict, img_size: int | None = None, patch_size: int | None = None
 ) -> dict[str, torch.Tensor]:
-    """timm state dict -> ours: class-token position folded, optional resampling to a new image or patch size."""
+    """timm state dict -> ours: the prefix tokens' positions folded, optional resampling to a new image or patch
+    size."""
     sd = dict(sd)
     old_grid = (cfg["img_size"] // cfg["patch_size"],) * 2
     pe = sd.pop("pos_embed")
-    if "cls_token" in sd and pe.shape[1] == old_grid[0] * old_grid[1] + 1:  # timm's default: pos covers the cls
-        sd["cls_token"] = sd["cls_token"] + pe[:, :1]
-        pe = pe[:, 1:]
+    prefix = [k for k in ("cls_token", "dist_token") if k in sd]  # timm's order: class token, distillation token
+    if prefix and pe.shape[1] == old_grid[0] * old_grid[1] + len(prefix):  # timm's default: pos covers them
+        for i, k in enumerate(prefix):  # timm adds the position to the token before the blocks: the same sum
+            sd[k] = sd[k] + pe[:, i : i + 1]
+        pe = pe[:, len(prefix) :]
     new_patch = patch_size or cfg["patch_size"]
     if new_patch != cfg["patch_size"]:  # FlexiViT's pseudo-inverse resize of the patch kernel
         sd["patch_embed.proj.weight"] = resample_patch_embed(sd["patch_embed.proj.weight"], [new_patch, new_patch])

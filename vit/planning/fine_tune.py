@@ -49,7 +49,10 @@ def apply_weights(config, argv: Sequence[str]) -> Pretrained | None:
     explicit = explicit_keys(argv, [str(p) for p in (config.get("config") or [])])
     heads = config.model.arch.num_heads if is_explicit("model.arch.num_heads", explicit) else None
     weights = find_pretrained(source, heads)
-    wanted = {k: v for k, v in weights.arch.items() if k not in (FREE if weights.toolkit else LINKED_FROM_DATA)}
+    # a distillation token is the run's choice (it needs a teacher), never the weights': DeiT's distilled weights
+    # fine-tune without one unless --model.arch.dist_token says otherwise
+    kept = FREE if weights.toolkit else (*LINKED_FROM_DATA, "dist_token")
+    wanted = {k: v for k, v in weights.arch.items() if k not in kept}
     if weights.toolkit:
         wanted["patch_size"] = weights.arch["patch_size"]
     else:
