@@ -84,6 +84,10 @@ def test_each_score_against_a_reference_and_far_points_are_told_apart():
     assert auroc(inside, unknown_scores(torch.zeros(200, 2), far_flat, stats_flat)["mahalanobis"]) > 0.99
     assert auroc(torch.tensor([2.0, 3.0]), torch.tensor([0.0, 1.0])) == 1.0
     assert auroc(torch.tensor([0.0, 1.0]), torch.tensor([2.0, 3.0])) == 0.0
+    assert auroc(torch.tensor([1.0, 2.0]), torch.tensor([2.0, 0.0])) == 0.625  # a tie counts a half
+    # the area depends on the order alone: distances of hundreds (a 768-wide model's) score as small ones do
+    for shift in (500.0, -1000.0):
+        assert auroc(torch.tensor([2.0, 3.0]) + shift, torch.tensor([0.0, 1.0]) + shift) == 1.0, shift
 
 
 def test_the_blocks_score_sums_each_blocks_standardised_distance_and_the_model_gives_every_blocks_features():

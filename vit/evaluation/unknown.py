@@ -309,6 +309,10 @@ def auroc(inside: torch.Tensor, outside: torch.Tensor) -> float:
     from torchmetrics.functional.classification import binary_auroc  # here: vit-predict starts without it (scores.py)
 
     scores = torch.cat([inside, outside]).double()
+    # torchmetrics takes scores outside [0, 1] for logits and applies a sigmoid, which in float64 rounds every score
+    # above ~37 to 1 and below ~-745 to 0: distances of hundreds tied, and the AUROC fell to 0.5. Scaled into [0, 1]
+    # first (order and ties kept), the area is the same for any score.
+    scores = (scores - scores.min()) / (scores.max() - scores.min()).clamp_min(1e-300)
     labels = torch.cat([torch.ones(len(inside)), torch.zeros(len(outside))]).long()
     return float(binary_auroc(scores, labels))
 
