@@ -310,9 +310,10 @@ def auroc(inside: torch.Tensor, outside: torch.Tensor) -> float:
 
     scores = torch.cat([inside, outside]).double()
     # torchmetrics takes scores outside [0, 1] for logits and applies a sigmoid, which in float64 rounds every score
-    # above ~37 to 1 and below ~-745 to 0: distances of hundreds tied, and the AUROC fell to 0.5. Scaled into [0, 1]
-    # first (order and ties kept), the area is the same for any score.
-    scores = (scores - scores.min()) / (scores.max() - scores.min()).clamp_min(1e-300)
+    # above ~37 to 1 and below ~-745 to 0: distances of hundreds tied, and the AUROC fell to 0.5. Their ranks scaled
+    # into [0, 1] keep order and ties (an infinite score too), and the area depends on nothing else.
+    _, rank = torch.unique(scores, return_inverse=True)
+    scores = rank.double() / max(1, int(rank.max()))
     labels = torch.cat([torch.ones(len(inside)), torch.zeros(len(outside))]).long()
     return float(binary_auroc(scores, labels))
 
