@@ -16,11 +16,13 @@ from PIL import Image
 from vit.commands.eval import main as eval_main
 from vit.commands.export import main as export_main
 from vit.commands.predict import main as predict_main
+from vit.evaluation import unknown
 from vit.evaluation.unknown import (
     ACCEPT,
     DEFAULT_SCORE,
     MIN_CLASS_IMAGES,
     SCORES,
+    SHARED_DEFAULT_SCORE,
     Rejector,
     accept_threshold,
     auroc,
@@ -30,6 +32,7 @@ from vit.evaluation.unknown import (
     fpr_at_tpr,
     pooled_features,
     reject_threshold,
+    rejection_record,
     thresholds_of,
     unknown_scores,
 )
@@ -88,6 +91,52 @@ def test_each_score_against_a_reference_and_far_points_are_told_apart():
     # the area depends on the order alone: distances of hundreds (a 768-wide model's) score as small ones do
     for shift in (500.0, -1000.0):
         assert auroc(torch.tensor([2.0, 3.0]) + shift, torch.tensor([0.0, 1.0]) + shift) == 1.0, shift
+
+
+def test_the_class_covariance_scores_by_their_formula_and_the_shared_default_above_the_cap(monkeypatch):
+    """qda: the head's features' smallest over the classes of the squared distance under the class's own covariance
+    plus its log-determinant, standardised on validation; block_qda: the same in every block, summed. Two classes of
+    different spreads, which a shared covariance cannot tell apart. A class with too few images takes the shared
+    covariance; a model whose class covariances would exceed the cap gets the shared-covariance default."""
+    g = torch.Generator().manual_seed(0)
+    targets = torch.arange(2).repeat(300)
+    spread = torch.tensor([[0.2, 0.2], [2.0, 0.5]])  # (C, D): class 1 wide in its first direction
+    # (N, L + 1 = 2, D): one block, then the head's features (shifted: each layer its own means)
+    feats = spread[targets][:, None] * torch.randn(600, 2, 2, generator=g) + torch.tensor([[0.0], [1.0]])
+    val = feats[:100] + 0.05 * torch.randn(100, 2, 2, generator=g)
+    stats = block_scale(feature_stats(feats, targets, 2), val)
+    assert stats["class_precision"].shape == (2, 2, 2, 2) and stats["class_logdet"].shape == (2, 2)
+
+    def log_density(f, layer):  # minus twice the class Gaussian's log-density, without the constant; the best class
+        out = []
+        for c in range(2):
+            z = feats[targets == c, layer]
+            cov = (z - z.mean(0)).T @ (z - z.mean(0)) / len(z)
+            out.append((f - z.mean(0)) @ torch.linalg.inv(cov) @ (f - z.mean(0)) + torch.logdet(cov))
+        return torch.stack(out).min()
+
+    x = torch.tensor([[[1.5, 0.0], [1.0, 2.5]]])  # far along class 1's narrow direction in the head
+    z = []
+    for layer in range(2):
+        on_val = torch.stack([log_density(v, layer) for v in val[:, layer]])
+        z.append((log_density(x[0, layer], layer) - on_val.mean()) / on_val.std())
+    s = unknown_scores(torch.zeros(1, 2), x, stats)
+    torch.testing.assert_close(s["qda"], -z[1][None], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(s["block_qda"], -z[0][None], rtol=1e-3, atol=1e-3)
+    # a class with no more than MIN_IMAGES_PER_DIM images a dimension: the layer's shared covariance
+    few = feature_stats(feats[:7], targets[:7], 2)  # 4 and 3 images of 2 dimensions
+    centred = feats[:7, 1] - torch.stack([feats[:7, 1][targets[:7] == c].mean(0) for c in range(2)])[targets[:7]]
+    shared = torch.linalg.inv(centred.T @ centred / 7)
+    torch.testing.assert_close(few["class_precision"][1, 0], shared, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(few["class_precision"][1, 1], shared, rtol=1e-4, atol=1e-4)
+    # over the cap, no class covariances: the record applies the same parts under the shared covariance
+    logits = torch.randn(600, 2, generator=g)
+    inputs = torch.randn(600, 5, generator=g)
+    train, val_out = (feats, logits, targets, inputs), (val, logits[:100], targets[:100], inputs[:100])
+    assert rejection_record(train, val_out, ["a", "b"])["score"] == DEFAULT_SCORE
+    monkeypatch.setattr(unknown, "CLASS_COVARIANCE_FLOATS", 2 * 2 * 2 * 2 - 1)
+    capped = rejection_record(train, val_out, ["a", "b"])
+    assert capped["score"] == SHARED_DEFAULT_SCORE and "class_precision" not in capped["stats"]
 
 
 def test_the_blocks_score_sums_each_blocks_standardised_distance_and_the_model_gives_every_blocks_features():
@@ -292,17 +341,17 @@ def test_predict_and_the_onnx_export_say_unknown_alike(smoke_ckpt, smoke_onnx, t
     sidecar = json.loads(Path(f"{smoke_onnx}.json").read_text())["unknown"]  # vit-export's (the session's)
     assert sidecar["score"] == record["score"] and sidecar["threshold"] == record["threshold"]
     assert set(sidecar["stats"]) == {
+        "means",
         "block_means",
-        "block_precision",
-        "block_center",
-        "block_spread",
+        "class_precision",
+        "class_logdet",
+        "qda_center",
+        "qda_spread",
         "input_mean",
         "input_precision",
-        "means",
-        "precision",
     }  # the default's three parts' only
     assert sidecar["fusion"] == record["fusion"] and sidecar["class_thresholds"] == record["class_thresholds"]
-    assert np.allclose(sidecar["stats"]["block_precision"], record["stats"]["block_precision"].numpy())
+    assert np.allclose(sidecar["stats"]["class_precision"], record["stats"]["class_precision"].numpy())
     capsys.readouterr()
     assert predict_main(["--onnx", str(smoke_onnx), "--format", "json", *files]) == 0
     assert [r["unknown"] for r in json.loads(capsys.readouterr().out)] == torch_answers

@@ -112,8 +112,10 @@ def unknown_sidecar(record: dict | None) -> dict | None:
              "relative_mahalanobis": ("means", "precision", "background_mean", "background_precision"),
              "normalized_mahalanobis": ("normalized_means", "normalized_precision"),
              "block_mahalanobis": ("block_means", "block_precision", "block_center", "block_spread"),
-             "input": ("input_mean", "input_precision")}  # fmt: skip
-    keys = [k for part in record["score"].split("+") for k in needs.get(part, ())]  # a fused score: every part's
+             "input": ("input_mean", "input_precision"),
+             **dict.fromkeys(("qda", "block_qda"), ("means", "block_means", "class_precision", "class_logdet",
+                                                   "qda_center", "qda_spread"))}  # fmt: skip
+    keys = [k for part in record["score"].split("+") for k in needs.get(part, ()) if k in record["stats"]]
     stats = {k: record["stats"][k].tolist() for k in keys}
     return {"score": record["score"], "threshold": record["threshold"], "stats": stats, "fusion": record.get("fusion"),
             "class_thresholds": record.get("class_thresholds")}  # fmt: skip

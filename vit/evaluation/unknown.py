@@ -14,11 +14,12 @@ features (Mahalanobis++, Mueller & Hein 2025: the features' norms vary with the 
 breaks the shared-covariance Gaussian), the same distance to the nearest class mean in the pooled tokens after every
 block, each standardised on the validation images and summed (Lee et al.'s feature ensemble, without the weights they
 fitted on unknown images, which a fit does not have), the distance to the K-th nearest training feature after L2
-normalisation (Sun et al. 2022), and the distance of five statistics of the pixels to the training images' (`input`);
-and sums of them ("a+b+c"), each part standardised on the validation images. Thresholds are split conformal on the
-validation images, one per predicted class where a class has enough of them. Which score a checkpoint applies was
-chosen by leaving one kind of outlier out (docs/evaluation.md, "Unknown images"); the statistics every candidate needs
-are kept, so vit-eval --ood compares them.
+normalisation (Sun et al. 2022), the distance of five statistics of the pixels to the training images' (`input`),
+and the class-conditional Gaussians' (each class its own covariance: `qda` on the head's features, `block_qda` the
+blocks' sum); and sums of them ("a+b+c"), each part standardised on the validation images. Thresholds are split
+conformal on the validation images, one per predicted class where a class has enough of them. Which score a checkpoint
+applies was chosen by leaving one kind of outlier out (docs/evaluation.md, "Unknown images"); the statistics every
+candidate needs are kept, so vit-eval --ood compares them.
 """
 
 import math
@@ -27,18 +28,24 @@ import torch
 import torch.nn.functional as F
 
 SCORES = ("msp", "max_logit", "energy", "mahalanobis", "relative_mahalanobis", "normalized_mahalanobis",
-          "block_mahalanobis", "knn", "input")  # fmt: skip
-FEATURE_SCORES = ("mahalanobis", "relative_mahalanobis", "normalized_mahalanobis", "block_mahalanobis", "knn")
+          "block_mahalanobis", "knn", "input", "qda", "block_qda")  # fmt: skip
+FEATURE_SCORES = ("mahalanobis", "relative_mahalanobis", "normalized_mahalanobis", "block_mahalanobis", "knn", "qda",
+                  "block_qda")  # fmt: skip
 # KNN: the K-th neighbour among a bank of at most BANK training features (Sun et al. use K=50 on CIFAR-10's 50,000
 # images; a bank of 2,000 keeps a 384-wide checkpoint 3 MB larger); a smaller bank scales K down with it.
 BANK, KNN_K = 2000, 50
 # The share of in-distribution (validation) images the threshold accepts: the convention of FPR@95%TPR.
 ACCEPT = 0.95
 # The score a checkpoint applies (docs/evaluation.md, "Unknown images": chosen by leaving one kind of outlier out, over
-# 10 kinds and models of clothing, digits and solar cells): the sum of three standardised scores, the blocks' ensemble
-# (other data sets, noise, inversion), the input statistics (blurred, low-resolution, constant, cropped images, which
-# every feature score alone let through at AUROC 0.60-0.84) and the head's Mahalanobis distance (near classes).
-DEFAULT_SCORE = "block_mahalanobis+input+mahalanobis"
+# 10 kinds and models of clothing, digits and solar cells): three standardised scores summed, the blocks' and the
+# head's distances under each class's own covariance, and the input statistics (blurred, low-resolution, constant,
+# cropped images, which every feature score alone let through at AUROC 0.60-0.84).
+DEFAULT_SCORE = "block_qda+input+qda"
+# Each class's covariance costs (L + 1) x C x D x D floats in the record: above this many (192 wide x 6 blocks x 10
+# classes) only the shared one is kept, and the record applies the same three parts under it (the earlier default).
+CLASS_COVARIANCE_FLOATS, SHARED_DEFAULT_SCORE = 2**21, "block_mahalanobis+input+mahalanobis"
+# A class with no more images than this per dimension takes the shared covariance (the measured models: 3.8-28).
+MIN_IMAGES_PER_DIM = 2
 
 
 def pooled_features(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,7 +141,30 @@ def feature_stats(feats: torch.Tensor, targets: torch.Tensor, num_classes: int, 
         stats["block_precision"] = torch.stack(
             [_precision(blocks[:, i] - m[targets]) for i, m in enumerate(block_means)]
         )
+    layers = torch.cat([blocks, feats[:, None]], dim=1)  # (N, L + 1, D)
+    if layers.shape[1] * num_classes * layers.shape[-1] ** 2 <= CLASS_COVARIANCE_FLOATS:
+        stats["class_precision"], stats["class_logdet"] = _class_gaussians(layers, targets, num_classes)
     return stats
+
+
+def _class_gaussians(feats: torch.Tensor, targets: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, L + 1, D) training features -> each layer's and class's precision (L + 1, C, D, D) and log-determinant
+    (L + 1, C) of its own covariance (too few images: the shared one), on the directions above RCOND, in float64."""
+    precisions, logdets = [], []
+    for i in range(feats.shape[1]):
+        x = feats[:, i].double()
+        means, _ = _class_means(x, targets, num_classes)
+        centred = x - means[targets]
+        covs = [centred.T @ centred / max(1, len(x))]  # the shared covariance first
+        for c in range(num_classes):
+            z = centred[targets == c]
+            covs.append(z.T @ z / len(z) if len(z) > MIN_IMAGES_PER_DIM * x.shape[1] else covs[0])
+        w, v = torch.linalg.eigh(torch.stack(covs[1:]))  # (C, D), (C, D, D)
+        kept = w > RCOND * w.amax(-1, keepdim=True)
+        inverse = torch.where(kept, 1 / w.clamp_min(1e-300), 0.0)
+        precisions.append((v * inverse[:, None]) @ v.transpose(-1, -2))
+        logdets.append(torch.where(kept, w.clamp_min(1e-300).log(), 0.0).sum(-1))
+    return torch.stack(precisions).float(), torch.stack(logdets).float()
 
 
 def _block_distances(feats: torch.Tensor, stats: dict) -> torch.Tensor:
@@ -146,12 +176,29 @@ def _block_distances(feats: torch.Tensor, stats: dict) -> torch.Tensor:
 
 
 def block_scale(stats: dict, val_feats: torch.Tensor) -> dict:
-    """The blocks' distances' mean and spread (L,) on validation images (N, L + 1, D), which put them on one scale
-    before they are summed (the training images are fitted: their distances are smaller); `stats` with them."""
-    if "block_means" not in stats:
-        return stats
-    d = _block_distances(val_feats, stats)
-    return {**stats, "block_center": d.mean(0), "block_spread": d.std(0).clamp_min(1e-12)}
+    """The blocks' distances' and every layer's class-covariance distances' mean and spread on validation images
+    (N, L + 1, D), which put them on one scale before they are summed (the training images are fitted); `stats` with."""
+    out = dict(stats)
+    if "block_means" in stats:
+        d = _block_distances(val_feats, stats)
+        out.update(block_center=d.mean(0), block_spread=d.std(0).clamp_min(1e-12))
+    if "class_precision" in stats:
+        d = _qda_distances(val_feats, stats)
+        out.update(qda_center=d.mean(0), qda_spread=d.std(0).clamp_min(1e-12))
+    return out
+
+
+def _qda_distances(feats: torch.Tensor, stats: dict) -> torch.Tensor:
+    """(N, L + 1, D) pooled features -> (N, L + 1): each layer's smallest over the classes of the squared distance
+    under the class's own covariance plus its log-determinant (minus twice the log-density, up to a constant)."""
+    means = stats["means"][None]  # (L + 1, C, D): the blocks' class means, then the head's
+    means = torch.cat([stats["block_means"], means]) if "block_means" in stats else means
+    out = []
+    for f in _layers(feats.float()).split(4096):  # (n, L + 1, D): (n, C, D) differences a layer, in float64
+        z = f.double()[:, :, None] - means.double()[None]  # (n, L + 1, C, D)
+        d = torch.einsum("nlcd,lcde,nlce->nlc", z, stats["class_precision"].double(), z)
+        out.append((d + stats["class_logdet"].double()).amin(-1))
+    return torch.cat(out).float()
 
 
 def _class_means(feats: torch.Tensor, targets: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,6 +237,12 @@ def unknown_scores(logits: torch.Tensor, feats: torch.Tensor | None, stats: dict
     if "block_mahalanobis" in names and "block_center" in stats and _layers(feats).shape[1] > 1:
         z = (_block_distances(feats, stats) - stats["block_center"]) / stats["block_spread"]  # (N, L)
         out["block_mahalanobis"] = -z.sum(-1)
+    if {"qda", "block_qda"} & set(names) and "qda_center" in stats:
+        z = (_qda_distances(feats, stats) - stats["qda_center"]) / stats["qda_spread"]  # (N, L + 1)
+        if "qda" in names:
+            out["qda"] = -z[:, -1]
+        if "block_qda" in names and z.shape[1] > 1:
+            out["block_qda"] = -z[:, :-1].sum(-1)
     feats = _layers(feats.float())[:, -1]  # the head's features
     if {"mahalanobis", "relative_mahalanobis"} & set(names):
         d = _squared_distances(feats, stats["means"], stats["precision"])  # (N, C)
@@ -249,10 +302,11 @@ def rejection_record(train: tuple | None, val: tuple, class_names: list[str]) ->
     if stats is not None:
         stats = block_scale(stats, feats)
     scores = unknown_scores(logits, feats, stats, inputs=inputs)
-    parts = DEFAULT_SCORE.split("+")
-    score = DEFAULT_SCORE if all(p in scores for p in parts) else "energy"
+    # the default where its statistics exist, else the same parts under the shared covariance, else the logits'
+    score = next((c for c in (DEFAULT_SCORE, SHARED_DEFAULT_SCORE) if all(p in scores for p in c.split("+"))), "energy")
+    parts = score.split("+")
     record = {"score": score, "accept": ACCEPT, "stats": stats or {}}
-    if len(parts) > 1 and score == DEFAULT_SCORE:
+    if len(parts) > 1:
         record["fusion"] = fusion_of(scores, score)
         scores[score] = fused_score(scores, score, record["fusion"])  # its parts are already scored
     thresholds = {name: reject_threshold(s) for name, s in scores.items()}

@@ -76,7 +76,8 @@ def unknown_of(ckpt: dict, path, cfg: ViTConfig) -> dict | None:
     shapes = {"means": (c, d), "precision": (d, d), "background_mean": (d,), "background_precision": (d, d),
               "normalized_means": (c, d), "normalized_precision": (d, d), "block_means": (n, c, d),
               "block_precision": (n, d, d), "block_center": (n,), "block_spread": (n,), "input_mean": (5,),
-              "input_precision": (5, 5)}  # fmt: skip
+              "input_precision": (5, 5), "class_precision": (n + 1, c, d, d), "class_logdet": (n + 1, c),
+              "qda_center": (n + 1,), "qda_spread": (n + 1,)}  # fmt: skip
     parts = record["score"].split("+")  # a fused score: its parts' standardisation (vit.evaluation.unknown.fusion_of)
     fusion = record.get("fusion") if len(parts) > 1 else {"center": [0.0], "spread": [1.0]}
     if not isinstance(fusion, dict) or any(
