@@ -193,8 +193,8 @@ def _qda_distances(feats: torch.Tensor, stats: dict) -> torch.Tensor:
     under the class's own covariance plus its log-determinant (minus twice the log-density, up to a constant)."""
     means = stats["means"][None]  # (L + 1, C, D): the blocks' class means, then the head's
     means = torch.cat([stats["block_means"], means]) if "block_means" in stats else means
-    out = []
-    for f in _layers(feats.float()).split(4096):  # (n, L + 1, D): (n, C, D) differences a layer, in float64
+    out, step = [], max(1, 2**22 // means.numel())  # rows a chunk: ~32 MB of float64 differences, whatever C and D
+    for f in _layers(feats.float()).split(step):  # (n, L + 1, D)
         z = f.double()[:, :, None] - means.double()[None]  # (n, L + 1, C, D)
         d = torch.einsum("nlcd,lcde,nlce->nlc", z, stats["class_precision"].double(), z)
         out.append((d + stats["class_logdet"].double()).amin(-1))
