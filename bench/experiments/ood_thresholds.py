@@ -1,8 +1,8 @@
 """Per-class thresholds set on every validation image predicted as the class (what fit stores) or only on those the
-model classifies correctly (rejecting its errors more often), under the default score, from ood_protocol.py's cache
-(no model is run):
+model classifies correctly (rejecting its errors more often), under one score (the default unless --score), from
+ood_protocol.py's cache (no model is run):
 
-    python bench/experiments/ood_thresholds.py OUT.json.cache.pt
+    python bench/experiments/ood_thresholds.py OUT.json.cache.pt [--score block_mahalanobis+input+mahalanobis]
 
 Prints a line per model and rule: the share of each outlier kind called unknown, and the most images any class of
 50+ loses on validation and on the test images.
@@ -29,10 +29,11 @@ def worst_class_loss(score: torch.Tensor, record: dict, logits: torch.Tensor, ta
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cache")
+    ap.add_argument("--score", default=DEFAULT_SCORE)
     a = ap.parse_args()
     for name, entry in torch.load(a.cache, weights_only=False).items():
         scores, out = with_fusions(base_scores(entry)), entry["outputs"]
-        val, predicted, targets = scores["val"][DEFAULT_SCORE], out["val"][1].argmax(-1), out["val"][3]
+        val, predicted, targets = scores["val"][a.score], out["val"][1].argmax(-1), out["val"][3]
         for rule, keep in (
             ("predicted", torch.ones_like(targets, dtype=torch.bool)),
             ("correct", predicted == targets),
@@ -40,11 +41,11 @@ def main() -> None:
             record = {"threshold": reject_threshold(val[keep]),
                       "class_thresholds": class_thresholds(val[keep], predicted[keep], len(entry["classes"]))}  # fmt: skip
             kinds = " ".join(
-                f"{k} {100 * float((s[DEFAULT_SCORE] < thresholds_of(record, out[k][1])).double().mean()):.0f}%"
+                f"{k} {100 * float((s[a.score] < thresholds_of(record, out[k][1])).double().mean()):.0f}%"
                 for k, s in scores.items()
                 if k not in ("val", "test")
             )
-            lost = [worst_class_loss(scores[s][DEFAULT_SCORE], record, out[s][1], out[s][3]) for s in ("val", "test")]
+            lost = [worst_class_loss(scores[s][a.score], record, out[s][1], out[s][3]) for s in ("val", "test")]
             print(
                 f"{name:12s} {rule:9s} {kinds} | worst class: validation {100 * lost[0]:.1f}%, test {100 * lost[1]:.1f}%"
             )
