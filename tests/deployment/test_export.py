@@ -20,9 +20,10 @@ from vit.model.vision_transformer import VisionTransformer
         {"stem": "resnet"},
         {"stem": "spt", "lsa": True},
         {"dist_token": True},
+        {"stem": "tf_efficientnet_lite0"},
     ],
     # the conv stem is the residual one's subset (a conv, BN, ReLU)
-    ids=["avg", "token", "resnetstem", "spt_lsa", "dist"],
+    ids=["avg", "token", "resnetstem", "spt_lsa", "dist", "efficientnet_stem"],
 )
 def test_onnx_logits_match_pytorch_with_a_dynamic_batch(cfg, tmp_path):
     model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, **cfg)
@@ -35,8 +36,10 @@ def test_onnx_logits_match_pytorch_with_a_dynamic_batch(cfg, tmp_path):
         np.testing.assert_allclose(session.run(None, {"images": x.numpy()})[0], ref, atol=1e-4, rtol=0)
 
 
-def test_torchscript_matches_pytorch(tmp_path):
-    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5)
+@pytest.mark.parametrize("stem", ["patch", "tf_efficientnet_lite0"])
+def test_torchscript_matches_pytorch(stem, tmp_path):
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, stem=stem)
+    model.eval()
     path = export(model, "torchscript", tmp_path / "m.pt", img_size=32)
     loaded = torch.jit.load(str(path))
     for batch in (1, 4):

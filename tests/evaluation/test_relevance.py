@@ -101,6 +101,7 @@ VARIANTS = {
     "moe": dict(moe_experts=3, moe_top_k=2),
     "token": dict(global_pool="token"),
     "dist": dict(dist_token=True),
+    "efficientnet_stem": dict(stem="tf_efficientnet_lite0"),
 }
 
 

@@ -75,6 +75,7 @@ VARIANT_MODELS = {
     "rope_abs_token": dict(rope=True, global_pool="token"),
     "convstem": dict(stem="conv"),
     "resnetstem": dict(stem="resnet"),
+    "efficientnet_stem": dict(stem="tf_efficientnet_lite0"),
     "spt_lsa": dict(stem="spt", lsa=True),
     "lsa_local_token": dict(lsa=True, attn_pattern="local", global_pool="token", img_size=48),
     "mimetic": dict(weight_init="mimetic"),

@@ -146,8 +146,8 @@ class ViTCLI(LightningCLI):
         # Planning happens before anything is built: the folder is then decoded once, at the planned size.
         if self.subcommand == "fit":
             fit = self.config.fit
-            if fit.get("ckpt_path") and fit.model.get("init_from"):
-                fit.model.init_from = None  # the checkpoint holds the weights; the file may have moved since
+            if fit.get("ckpt_path"):  # the checkpoint holds the weights; the files may have moved since
+                fit.model.init_from = fit.model.stem_from = None
             try:
                 # the weights first: their architecture is the model, so the plan is a fine-tune of it
                 weights = apply_weights(fit, self._argv)

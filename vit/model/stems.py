@@ -56,3 +56,31 @@ def shifted_patches(x: torch.Tensor, patch_size: int) -> torch.Tensor:
     x = torch.cat([x, *shifts], dim=1)  # (B, 5C, H, W)
     x = x.reshape(B, 5 * C, H // p, p, W // p, p).permute(0, 2, 4, 3, 5, 1)  # (B, H/p, W/p, p, p, 5C)
     return x.reshape(B, (H // p) * (W // p), p * p * 5 * C)
+
+
+HYBRID_STEMS = ("tf_efficientnet_lite0", "tf_efficientnet_lite1", "tf_efficientnet_lite2")
+
+
+class CnnStem(nn.Module):
+    """The ViT paper's hybrid with a real CNN: a timm EfficientNet's stem and its stages down to stride `patch_size`
+    (the deepest stage at that stride: 8 -> 40 channels, 16 -> 112 for Lite0), (B, C, H, W) -> (B, C', H/p, W/p).
+    Its modules keep timm's names (`conv_stem`, `bn1`, `blocks.S.I.*`), so pretrained weights load by prefix
+    (vit/model/cnn_weights.py); without them it starts from timm's initialisation."""
+
+    def __init__(self, arch: str, in_chans: int, patch_size: int):
+        super().__init__()
+        import timm
+
+        net = timm.create_model(arch, pretrained=False, in_chans=in_chans, num_classes=0)
+        # timm's feature_info: one entry a stride (module "blocks.S", its reduction and channels), shallowest first
+        at = [f for f in net.feature_info if f["module"].startswith("blocks.") and f["reduction"] == patch_size]
+        if not at:
+            strides = sorted({f["reduction"] for f in net.feature_info})
+            raise ValueError(f"stem={arch!r}: patch_size must be one of its strides {strides}, got {patch_size}")
+        last = int(at[-1]["module"].split(".")[1])
+        self.conv_stem, self.bn1 = net.conv_stem, net.bn1
+        self.blocks = nn.Sequential(*net.blocks[: last + 1])
+        self.out_chans = at[-1]["num_chs"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.bn1(self.conv_stem(x)))

@@ -29,13 +29,14 @@ from vit.model.layers import (
     sincos_2d_pos_embed,
 )
 from vit.model.moe import MoEMlp
-from vit.model.stems import conv_stem, resnet_stem, shifted_patches, stem_widths
+from vit.model.stems import HYBRID_STEMS, CnnStem, conv_stem, resnet_stem, shifted_patches, stem_widths
 
 
 class PatchEmbed(nn.Module):
     """Image to patch tokens: (B, C, H, W) -> (B, N, D), N = (H/p) * (W/p). One strided convolution (`proj`); with
     `stem='conv'` or `'resnet'` a convolutional or residual stem (`stem`) and a 1x1 convolution (`proj`) to the token
-    width; with `stem='spt'` shifted patches, a LayerNorm (`norm`) and a linear layer (`proj`)."""
+    width; with a timm EfficientNet-Lite name, its first stages to stride p (`stem`, vit/model/stems.py CnnStem) and a
+    1x1 convolution; with `stem='spt'` shifted patches, a LayerNorm (`norm`) and a linear layer (`proj`)."""
 
     def __init__(self, patch_size: int, in_chans: int, embed_dim: int, stem: str = "patch"):
         super().__init__()
@@ -48,6 +49,9 @@ class PatchEmbed(nn.Module):
         elif stem in ("conv", "resnet"):
             self.stem = (conv_stem if stem == "conv" else resnet_stem)(in_chans, embed_dim, patch_size)
             self.proj = nn.Conv2d(stem_widths(embed_dim, patch_size)[-1], embed_dim, kernel_size=1)
+        elif stem in HYBRID_STEMS:
+            self.stem = CnnStem(stem, in_chans, patch_size)
+            self.proj = nn.Conv2d(self.stem.out_chans, embed_dim, kernel_size=1)
         else:
             self.stem = nn.Identity()
             self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)

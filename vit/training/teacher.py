@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from vit.model.cnn_weights import CnnWeights, build_cnn, looks_pretrained, read_cnn_weights
 from vit.training.metrics import ConfusionCounts, TopKAccuracy
 
 TEACHER_FILE = "teacher.safetensors"
@@ -37,18 +38,27 @@ TEACHER_FILE = "teacher.safetensors"
 
 class Teacher(torch.nn.Module):
     """A frozen timm CNN that answers in the student's normalisation: images (B, C, H, W) normalised with the
-    student's mean/std -> logits (B, num_classes). `mean`, `std` are the ones the CNN was trained with."""
+    student's mean/std -> logits (B, num_classes). `mean`, `std` are the ones the CNN was trained with (ImageNet
+    weights: theirs); `img_size` its own resolution (None: the student's), to which `renormalise` resizes the view."""
 
-    def __init__(self, name: str, num_classes: int, in_chans: int, mean: list[float], std: list[float]):
+    def __init__(self, name: str, num_classes: int, in_chans: int, mean: list[float], std: list[float],
+                 img_size: int | None = None, weights: CnnWeights | None = None):  # fmt: skip
         super().__init__()
-        self.name, self.num_classes, self.in_chans = name, num_classes, in_chans
-        self.net = timm.create_model(name, num_classes=num_classes, in_chans=in_chans)
+        self.name, self.num_classes, self.in_chans, self.img_size = name, num_classes, in_chans, img_size
+        if weights is not None:  # ImageNet features, a new head, the first convolution adapted to the channels
+            self.net = build_cnn(weights, num_classes, in_chans)
+        else:
+            self.net = timm.create_model(name, num_classes=num_classes, in_chans=in_chans)
         self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
 
     def renormalise(self, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-        """From the student's normalisation (mean, std: (1, C, 1, 1)) to the teacher's; the identity when they match."""
-        return (x * std + mean - self.mean) / self.std
+        """From the student's view (mean, std: (1, C, 1, 1)) to the teacher's normalisation and side; the identity
+        when they match."""
+        x = (x * std + mean - self.mean) / self.std
+        if self.img_size and x.shape[-1] != self.img_size:
+            x = F.interpolate(x, size=(self.img_size, self.img_size), mode="bilinear", antialias=True)
+        return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -60,9 +70,20 @@ class Teacher(torch.nn.Module):
         return self.net.forward_head(final), maps[1:]
 
     def save(self, path: Path, **record) -> None:
-        meta = {"name": self.name, "num_classes": self.num_classes, "in_chans": self.in_chans,
-                "mean": self.mean.flatten().tolist(), "std": self.std.flatten().tolist(), **record}  # fmt: skip
+        # the record's `name` is what the run was given (a weights file, say): `source`; `name` is the architecture
+        meta = {**record, "source": record.get("name", self.name), "name": self.name, "num_classes": self.num_classes,
+                "in_chans": self.in_chans, "mean": self.mean.flatten().tolist(), "std": self.std.flatten().tolist(),
+                "img_size": self.img_size}  # fmt: skip
         save_file(self.net.state_dict(), str(path), metadata={"teacher": json.dumps(meta)})
+
+
+def pretrained_teacher(source: str, num_classes: int, in_chans: int, img_size: int | None) -> Teacher:
+    """A teacher from ImageNet weights (vit/model/cnn_weights.py): their architecture, their normalisation (one
+    value a channel, cycled over grey or multi-band inputs) and `img_size` (None: the student's side)."""
+    weights = read_cnn_weights(source)
+    mean = [weights.mean[i % len(weights.mean)] for i in range(in_chans)]
+    std = [weights.std[i % len(weights.std)] for i in range(in_chans)]
+    return Teacher(weights.arch, num_classes, in_chans, mean, std, img_size, weights=weights)
 
 
 def hard_distillation(loss: torch.Tensor, distill: tuple | None, weight: float) -> torch.Tensor:
@@ -78,7 +99,9 @@ def hard_distillation(loss: torch.Tensor, distill: tuple | None, weight: float) 
 def teacher_channels(name: str, in_chans: int) -> list[int]:
     """The channels of a teacher's stages after the stem (what `Teacher.with_features` returns), from a timm name or a
     teacher file's record, without its weights."""
-    if name.endswith(".safetensors"):
+    if looks_pretrained(name):
+        name = read_cnn_weights(name).arch
+    elif name.endswith(".safetensors"):
         name = teacher_record(name)["name"]
     return [info["num_chs"] for info in timm.create_model(name, in_chans=in_chans).feature_info][1:]
 
@@ -138,17 +161,20 @@ def load_teacher(path: str | Path, num_classes: int, in_chans: int) -> tuple[Tea
             f"{path}: the teacher has {meta['num_classes']} classes and {meta['in_chans']} channels, the run "
             f"{num_classes} and {in_chans}"
         )
-    teacher = Teacher(meta["name"], num_classes, in_chans, meta["mean"], meta["std"])
+    teacher = Teacher(meta["name"], num_classes, in_chans, meta["mean"], meta["std"], meta.get("img_size"))
     teacher.net.load_state_dict(load_file(str(path)))
     return teacher, meta
 
 
 def check_teacher_name(name: str) -> None:
-    """A timm model name or an existing .safetensors file, else a one-line error that names it."""
-    if name.endswith(".safetensors"):
+    """A timm model name, a teacher file, or pretrained weights (a weights file, a timm name with a tag), else a
+    one-line error that names it."""
+    if name.endswith((".safetensors", ".pth", ".pt", ".bin")):
         if not Path(name).is_file():
             raise ValueError(f"teacher={name!r}: no such file")
-    elif not timm.is_model(name):
+    if looks_pretrained(name):
+        read_cnn_weights(name)  # readable, of a known layout, in the cache: or a one-line error saying what is expected
+    elif not name.endswith(".safetensors") and not timm.is_model(name):
         raise ValueError(f"teacher={name!r}: neither a timm model name (timm.list_models()) nor a .safetensors file")
 
 
@@ -156,14 +182,20 @@ class TeacherFit(L.Callback):
     """Trains (or loads) the module's teacher when fit starts; see the module docstring.
 
     Args:
-        name: a timm CNN name, or a teacher file written by an earlier run.
+        name: a timm CNN name (trained from scratch), pretrained weights (fine-tuned: vit/model/cnn_weights.py), or
+            a teacher file written by an earlier run.
         share: of the time left before the deadline (a `FitBudget` callback's `deadline`), or of max_epochs.
-        lr: AdamW's peak, cosine to 0 over the teacher's time (by the clock when there is a deadline).
+        lr: AdamW's peak, cosine to 0 over the teacher's time (by the clock when there is a deadline); None: 1e-3
+            from scratch, 5e-4 to fine-tune ImageNet weights.
+        img_size: the side the teacher sees (the student's view resized); None: the student's.
         clock: time.time, replaceable in tests.
     """
 
-    def __init__(self, name: str, share: float, lr: float = 1e-3, clock=time.time):
-        self.name, self.share, self.lr, self.clock = name, share, lr, clock
+    def __init__(self, name: str, share: float, lr: float | None = None, img_size: int | None = None,
+                 clock=time.time):  # fmt: skip
+        self.name, self.share, self.img_size, self.clock = name, share, img_size, clock
+        self.pretrained = looks_pretrained(name)
+        self.lr = lr if lr is not None else (5e-4 if self.pretrained else 1e-3)
         self.record: dict = {}
 
     def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:
@@ -175,13 +207,18 @@ class TeacherFit(L.Callback):
         std = torch.tensor(pl_module.hparams.std).view(1, -1, 1, 1)
         folder = run_folder(trainer)
         resumed = trainer.ckpt_path is not None and (folder / TEACHER_FILE).is_file()
-        if self.name.endswith(".safetensors") or resumed:  # a file, or the one this run wrote before it stopped
-            path = self.name if self.name.endswith(".safetensors") else folder / TEACHER_FILE
+        reuse = self.name.endswith(".safetensors") and not self.pretrained  # a teacher file of an earlier run
+        if reuse or resumed:  # that file, or the one this run wrote before it stopped
+            path = self.name if reuse else folder / TEACHER_FILE
             teacher, self.record = load_teacher(path, cfg.num_classes, cfg.in_chans)
         else:
-            teacher = Teacher(self.name, cfg.num_classes, cfg.in_chans, mean.flatten().tolist(), std.flatten().tolist())
+            if self.pretrained:
+                teacher = pretrained_teacher(self.name, cfg.num_classes, cfg.in_chans, self.img_size)
+            else:
+                teacher = Teacher(self.name, cfg.num_classes, cfg.in_chans, mean.flatten().tolist(),
+                                  std.flatten().tolist(), self.img_size)  # fmt: skip
             teacher.to(pl_module.device)
-            self.record = self.train(teacher, dm.train_dataloader(), trainer, pl_module.device)
+            self.record = self.train(teacher, dm.train_dataloader(), trainer, pl_module.device, mean, std)
         teacher.to(pl_module.device).eval().requires_grad_(False)
         self.record.update(self.score(teacher, dm.val_dataloader(), pl_module.device, mean, std))
         self.record = {"name": self.name, **self.record}
@@ -192,13 +229,15 @@ class TeacherFit(L.Callback):
                 f"validation set: accuracy {r['val_acc']:.4f}, balanced {r['val_acc_balanced']:.4f}"
             )
         pl_module.set_teacher(teacher, mean.to(pl_module.device), std.to(pl_module.device), self.record)
-        if trainer.is_global_zero and not self.name.endswith(".safetensors") and not resumed:
+        if trainer.is_global_zero and not reuse and not resumed:
             folder.mkdir(parents=True, exist_ok=True)
             teacher.save(folder / TEACHER_FILE, **self.record)
 
-    def train(self, teacher: Teacher, batches, trainer: L.Trainer, device: torch.device) -> dict:
-        """From scratch, by the clock when a budget callback holds a deadline, else by epochs: AdamW (timm's CNNs
-        train well with it from scratch at 1e-3), cosine to 0, label smoothing 0.1. Returns the record."""
+    def train(self, teacher: Teacher, batches, trainer: L.Trainer, device: torch.device, mean: torch.Tensor,
+              std: torch.Tensor) -> dict:  # fmt: skip
+        """On the student's batches (mean, std: their normalisation, (1, C, 1, 1)), by the clock when a budget
+        callback holds a deadline, else by epochs: AdamW (timm's CNNs train well with it from scratch at 1e-3;
+        ImageNet weights fine-tune at 5e-4), cosine to 0, label smoothing 0.1. Returns the record."""
         start = self.clock()
         deadline = next((cb.deadline for cb in trainer.callbacks if getattr(cb, "deadline", None)), None)
         seconds = (deadline - start) * self.share if deadline is not None else None
@@ -219,6 +258,7 @@ class TeacherFit(L.Callback):
                 for group in opt.param_groups:
                     group["lr"] = self.lr * 0.5 * (1 + math.cos(math.pi * done))
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                x = teacher.renormalise(x, mean.to(device), std.to(device))
                 loss = F.cross_entropy(teacher(x), y, label_smoothing=0.1)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()

