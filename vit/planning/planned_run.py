@@ -22,11 +22,13 @@ import yaml
 from lightning.pytorch.utilities import rank_zero_info
 
 from vit.data.sources import source_for
+from vit.model.cnn_weights import CnnWeights
 from vit.model.config import follows_patch_grid
 from vit.model.pretrained import Pretrained
 from vit.planning.budget import parse_budget, process_start
 from vit.planning.fine_tune_plan import make_fine_tune_plan
 from vit.planning.fingerprint import fingerprint
+from vit.planning.hybrid_plan import make_hybrid_plan
 from vit.planning.plan import FIXED_S, Plan, make_plan, warmup_epochs
 from vit.planning.speed import Machine
 from vit.training.schedules import lr_factor, schedule_warmup
@@ -85,7 +87,7 @@ def is_explicit(key: str, explicit: set[str]) -> bool:
 
 
 def apply_plan(
-    config, argv: Sequence[str], clock: Callable[[], float] = time.time, weights: Pretrained | None = None
+    config, argv: Sequence[str], clock: Callable[[], float] = time.time, weights: Pretrained | CnnWeights | None = None
 ) -> tuple[Plan, float | None] | None:
     """Plan when `config.plan` or `--budget` asks for it: fingerprint the data (any source of vit/data/sources.py),
     calibrate, write the plan's values into `config` (a jsonargparse Namespace of `fit`) wherever the user did not
@@ -108,7 +110,9 @@ def apply_plan(
     start = process_start()
     fp = fingerprint(source_for(config.data))
     explicit = explicit_keys(argv, [str(p) for p in (config.get("config") or [])])
-    if weights is not None:
+    if isinstance(weights, CnnWeights):  # a CNN's ImageNet weights: the hybrid (vit/planning/hybrid_plan.py)
+        plan = make_hybrid_plan(fp, Machine.here(), budget, clock() - start, arch=weights.arch, source=weights.source)
+    elif weights is not None:
         arch = {**config.model.arch.as_dict(), "img_size": weights.arch["img_size"]}  # their own resolution
         source = weights.source
         plan = make_fine_tune_plan(fp, Machine.here(), budget, clock() - start, arch=arch, source=source)

