@@ -45,6 +45,22 @@ def _labels_file(root: Path, n: int = 48, test: int = 9) -> Path:
     return root / "labels.csv"
 
 
+def test_a_label_that_is_never_an_images_rarest_is_not_taken_for_an_empty_class(tmp_path):
+    """Every image carries "cat" and one rarer label: "cat" is no image's class index (its rarest label), yet it holds
+    every training image; the empty-class check counts every label (it stopped the run: "class(es) ['cat'] hold no
+    usable training image")."""
+    pictures = _pictures(tmp_path, 24)
+    rows = ["path,labels"] + [f"{p},cat {'dog' if i % 2 else 'car'}" for i, (p, _) in enumerate(pictures)]
+    (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
+    listing = list_data(tmp_path, labels=tmp_path / "labels.csv", label_delimiter=" ")
+    cat = listing.class_names.index("cat")
+    assert all(cls != cat for _, cls in listing.splits["train"])  # never the class index
+    dm = ImageFolderDataModule(str(tmp_path), labels=str(tmp_path / "labels.csv"), label_delimiter=" ", img_size=16,
+                               num_workers=0)  # fmt: skip
+    x, y = next(iter(dm.train_dataloader()))
+    assert dm.task == "multilabel" and (y[:, cat] == 1).all()
+
+
 def test_a_delimited_label_list_is_multi_label_and_every_label_reaches_validation(tmp_path):
     labels = _labels_file(tmp_path)
     listing = list_data(tmp_path, labels=labels, label_delimiter=" ")

@@ -235,7 +235,10 @@ class ImageFolderDataModule(ImageClassificationData):
         skip = {p for p, _ in bad}
         samples = [(p, t) for p, t in samples if p not in skip]
         if split == "train":
-            empty = [c for i, c in enumerate(self.class_names) if i not in {t for _, t in samples}]
+            # every label of a multi-label image counts (its class index is only its rarest label)
+            multi = self.listing.multi or {}
+            present = {i for p, t in samples for i in (multi[p] if p in multi else (t,))}
+            empty = [c for i, c in enumerate(self.class_names) if i not in present]
             if empty:
                 raise DataError(f"{self.root}: class(es) {empty} hold no usable training image")
         return samples
