@@ -407,6 +407,17 @@ def _rss_mb(pids: list[int]) -> float:
 UPLOADS = 12
 
 
+def test_ctrl_c_stops_every_process_quietly(smoke_ckpt):
+    """Ctrl-C in a terminal (SIGINT to the whole process group): every process ends, the launcher says it stopped,
+    and nobody prints a traceback (it printed 8: KeyboardInterrupt in the workers, CancelledError, a closed loop)."""
+    proc, url = start_server(smoke_ckpt)
+    assert request(f"{url}/health")[0] == 200
+    stop_server(proc)  # SIGINT to the group; fails the test if anything is left after 30 s
+    out = proc.stdout.read()
+    assert proc.returncode == 0 and "vit-serve: stopped" in out, out[-2000:]
+    assert "Traceback" not in out and "Error" not in out, out[-3000:]
+
+
 def test_big_decodes_stay_bounded_and_sigterm_stops_every_process(server, served):
     """12 concurrent uploads of a 36-KB PNG that decodes to 6,000 x 6,000 (the limit raised so that they are decoded):
     every one is answered, the server lives, its processes' memory stays bounded (decodes wait for one of the cores

@@ -92,7 +92,7 @@ def build_server(args: argparse.Namespace):
     import litserve as ls
     from fastapi.responses import HTMLResponse
 
-    from vit.deployment.serve import HostCheck, ImageRequests, ViTAPI, allowed_hosts, server_info
+    from vit.deployment.serve import HostCheck, ImageRequests, LeaveTerminalGroup, ViTAPI, allowed_hosts, server_info
 
     source = args.onnx or args.ckpt
     # refuses a pickle-carrying or broken checkpoint (an ONNX file without its sidecar) before anything starts
@@ -126,7 +126,11 @@ def build_server(args: argparse.Namespace):
         devices=1,
         workers_per_device=workers,
         model_metadata=server_info(source, hparams),
-        middlewares=[(ImageRequests, checks), (HostCheck, {"allowed": allowed_hosts(args.host, args.allowed_host)})],
+        middlewares=[
+            (LeaveTerminalGroup, {"launcher": os.getpid()}),
+            (ImageRequests, checks),
+            (HostCheck, {"allowed": allowed_hosts(args.host, args.allowed_host)}),
+        ],
     )
     page = resources.files("vit").joinpath("static", PAGE).read_text()
     # LitServe answers GET / with "litserve running": the page takes its place
@@ -152,7 +156,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+_LAUNCHER = os.getpid()  # the process that runs main(); LitServe forks its API servers from it
+
+
 def _interrupt(signum, frame) -> None:
+    if os.getpid() != _LAUNCHER:  # a forked API server inherited this handler: end as SIGTERM ends a process
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     raise KeyboardInterrupt
 
 
@@ -181,13 +192,17 @@ def main(argv: list[str] | None = None) -> int:
     # API-server and inference processes it started (they kept the port, orphaned, when SIGTERM ended us alone).
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"vit-serve: http://{args.host}:{args.port}/ (POST /predict, GET /health, GET /info)", flush=True)
-    server.run(
-        host=args.host,
-        port=args.port,
-        num_api_servers=args.api_servers,
-        generate_client_file=False,
-        log_level=args.log_level,
-    )
+    try:
+        server.run(
+            host=args.host,
+            port=args.port,
+            num_api_servers=args.api_servers,
+            generate_client_file=False,
+            log_level=args.log_level,
+        )
+    except KeyboardInterrupt:  # a second Ctrl-C during the shutdown
+        pass
+    print("vit-serve: stopped", flush=True)
     return 0
 
 

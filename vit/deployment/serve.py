@@ -228,6 +228,32 @@ class HostCheck:
         await self.app(scope, receive, send)
 
 
+class LeaveTerminalGroup:
+    """ASGI middleware that does nothing to requests: built in each API-server process that LitServe forks (when the
+    app starts), it moves that process out of the terminal's process group, so that Ctrl-C reaches the launcher
+    alone, which stops every process it started (LitServe's graceful shutdown) and says so in a line. Without it each
+    process got the SIGINT too and printed its own traceback (KeyboardInterrupt, CancelledError: 8 of them, 166
+    lines). `launcher`: the pid of the process that runs `vit-serve` (with API servers as threads it builds the app
+    itself and stays in the group)."""
+
+    def __init__(self, app, *, launcher: int):
+        self.app = app
+        if os.getpid() != launcher:
+            leave_terminal_group()
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self.app(scope, receive, send)
+
+
+def leave_terminal_group() -> None:
+    """This process into a process group of its own (same session): a terminal's Ctrl-C no longer reaches it; the
+    launcher's shutdown (SIGTERM) still does."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # not permitted here (a session leader): it hears Ctrl-C as before
+        pass
+
+
 def _replay(body: bytes):
     """An ASGI `receive` that hands over `body` once (already read), then says the client has gone."""
     sent = False
@@ -299,6 +325,7 @@ class ViTAPI(ls.LitAPI):
         self.batches: list[int] = []  # batch sizes seen, for tests and the bench (in the worker process)
 
     def setup(self, device: str) -> None:
+        leave_terminal_group()  # an inference worker: the launcher stops it (see LeaveTerminalGroup)
         if self.threads and device == "cpu":
             torch.set_num_threads(self.threads)  # this worker process's share of the cores
         self.model, self.hparams = load_onnx(self.ckpt, threads=self.threads) if self.onnx else load_model(self.ckpt)
