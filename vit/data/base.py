@@ -140,13 +140,39 @@ def whole_val_batches(dm: ImageClassificationData, split: str = "val"):
     return dm.val_dataloader() if split == "val" else dm.test_dataloader()  # litdata streams: its own loader
 
 
-def whole_train_batches(dm: ImageClassificationData) -> DeviceBatches | None:
+def whole_train_batches(dm: ImageClassificationData, limit: int | None = None, seed: int = 0) -> DeviceBatches | None:
     """The training images without augmentation, as validation sees images (after fit: the statistics that tell
-    training-like images from others, vit/evaluation/unknown.py); None where they are not held in memory (a stream)."""
+    training-like images from others, vit/evaluation/unknown.py); None where they are not held in memory (a stream).
+    `limit`: at most that many, chosen by class (an equal share of each class, every image of a smaller class;
+    seeded), so that the pass after fit costs a bounded share of a short run."""
     if not (getattr(dm, "memory", None) and "train" in dm.memory):
         return None
     images, targets = dm.memory["train"]
+    if limit is not None and len(targets) > limit:
+        keep = by_class_sample(targets, limit, seed)
+        images, targets = images[keep], targets[keep]
     return DeviceBatches(images, targets, dm.eval_batch_size, dm.mean, dm.std, train=False, out_size=dm.img_size)
+
+
+def by_class_sample(targets: torch.Tensor, limit: int, seed: int = 0) -> torch.Tensor:
+    """Indices (sorted) of at most `limit` items, as evenly over the classes as they allow: each class gives
+    min(its count, a share), the share raised until `limit` is reached; which items of a class, a seeded draw.
+    `targets`: (N,) class indices, or (N, C) scores (soft or multi-label: the largest)."""
+    classes = targets.argmax(-1) if targets.ndim > 1 else targets
+    gen = torch.Generator().manual_seed(seed)
+    groups = [torch.nonzero(classes == c).flatten() for c in torch.unique(classes)]
+    groups = [g[torch.randperm(len(g), generator=gen)] for g in groups]
+    counts = sorted(len(g) for g in groups)
+    share, left, n = 0, limit, len(groups)
+    for i, c in enumerate(counts):  # water-filling: small classes whole, the rest an equal share
+        if c * (n - i) >= left:
+            share = left // (n - i)
+            break
+        left -= c
+    else:
+        share = counts[-1]
+    keep = torch.cat([g[: max(share, 0)] if len(g) > share else g for g in groups])
+    return keep.sort().values
 
 
 def rounded(values) -> tuple[float, ...]:

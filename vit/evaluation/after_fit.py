@@ -3,6 +3,7 @@ post-hoc logit adjustment for a long-tailed folder; then, in one read and one wr
 temperature and the rejection record; the chosen checkpoint's accuracy, balanced accuracy and confusion matrix. The
 command prints the lines these return."""
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,30 +19,46 @@ from vit.evaluation.report import confusion_figure, figure_pixels
 from vit.evaluation.scores import balanced_accuracy
 from vit.evaluation.unknown import ACCEPT, features_of, rejection_record
 
+# The training images read for the rejection statistics after fit: at most TRAIN_IMAGES, an equal share of each class
+# (vit/data/base.py by_class_sample), and no more than the run trained on (at least TRAIN_FLOOR): their class means and
+# covariances need a few hundred images a class, not a whole CIFAR. 3 steps on CIFAR-format files (10,000 training
+# images; docs/performance.md): 80 s after fit reading all of them, 21 s with this bound. The validation images are all
+# read, once a distinct checkpoint (docs/performance.md has what is left).
+TRAIN_IMAGES, TRAIN_FLOOR = 2048, 256
+
 
 def after_fit_lines(saved: list[str], dm: ImageClassificationData, hparams, device: torch.device,
                     tb: TensorBoardLogger | None, step: int) -> Iterator[str]:  # fmt: skip
     """What `vit-train fit` does with its saved checkpoints (the best first) once training ends, in order, each step's
-    line as it is done: a multi-label model's thresholds; otherwise post-hoc logit adjustment where the run asked for
-    it, then in one pass the temperature and the rejection record, and what they measured; last, the data's test
-    split scored once with the best checkpoint (test_metrics.json beside the logs). The loaders of these passes over
-    the validation set are freed at the end, whatever happened."""
+    line as it is done, ending with the seconds it took: a multi-label model's thresholds; otherwise post-hoc logit
+    adjustment where the run asked for it, then in one pass the temperature and the rejection record, and what they
+    measured; last, the data's test split scored once with the best checkpoint (test_metrics.json beside the logs).
+    The loaders of these passes over the validation set are freed at the end, whatever happened."""
+    last = time.perf_counter()
     try:
-        if hparams.get("task") == "multilabel":  # no temperature, rejection or adjustment: each reads a softmax
-            yield multilabel_after_fit(saved, dm, device, tb, step)
-        else:
-            if hparams.get("posthoc_logit_adjust") and (line := adjust_after_fit(saved, dm, device)):
-                yield line
-            best = measure_after_fit(saved, dm, device)[saved[0]]
-            yield calibration_lines(best, dm, tb, step)
-            if line := soft_label_line(best, dm, tb, step):
-                yield line
-            yield unknown_line(best)
-        out = Path(tb.log_dir if tb is not None else Path(saved[0]).parent, "test_metrics.json")
-        if line := test_after_fit(saved[0], dm, device, tb, step, out):
-            yield line
+        for line in _after_fit_steps(saved, dm, hparams, device, tb, step):
+            yield f"{line} [{time.perf_counter() - last:.1f} s]"
+            last = time.perf_counter()
     finally:
         dm.teardown("validate")
+
+
+def _after_fit_steps(saved: list[str], dm: ImageClassificationData, hparams, device: torch.device,
+                     tb: TensorBoardLogger | None, step: int) -> Iterator[str]:  # fmt: skip
+    if hparams.get("task") == "multilabel":  # no temperature, rejection or adjustment: each reads a softmax
+        yield multilabel_after_fit(saved, dm, device, tb, step)
+    else:
+        if hparams.get("posthoc_logit_adjust") and (line := adjust_after_fit(saved, dm, device)):
+            yield line
+        trained = step * getattr(dm, "batch_size", 0) or None  # images the run trained on (None: not known)
+        best = measure_after_fit(saved, dm, device, trained)[saved[0]]
+        yield calibration_lines(best, dm, tb, step)
+        if line := soft_label_line(best, dm, tb, step):
+            yield line
+        yield unknown_line(best)
+    out = Path(tb.log_dir if tb is not None else Path(saved[0]).parent, "test_metrics.json")
+    if line := test_after_fit(saved[0], dm, device, tb, step, out):
+        yield line
 
 
 def adjust_after_fit(paths: list[str], dm: ImageClassificationData, device: torch.device) -> str | None:
@@ -64,16 +81,20 @@ def adjust_after_fit(paths: list[str], dm: ImageClassificationData, device: torc
     return line + f" ({wins}, below {100 * GATE:.0f}%: within the validation set's noise, not applied)"
 
 
-def measure_after_fit(paths: list[str], dm: ImageClassificationData, device: torch.device) -> dict[str, dict]:
+def measure_after_fit(
+    paths: list[str], dm: ImageClassificationData, device: torch.device, trained: int | None = None
+) -> dict[str, dict]:
     """The calibration temperature and the rejection record of each checkpoint (the best first), stored in the file
     under "calibration" and "unknown" (rewritten atomically): each file is read once and written once, and each
     distinct weights pass once over the validation images (which the temperature and the thresholds both read) and
-    once over the training images (the rejection statistics); best and last of a run that ended on its best epoch hold
+    once over a bounded sample of the training images (the rejection statistics: TRAIN_IMAGES, and no more than the
+    `trained` images the run trained on); best and last of a run that ended on its best epoch hold
     the same weights and get the same measurement. Returns {path: {"calibration", "unknown", "logits", "targets"}}."""
     from vit.model.checkpoint import load_checkpoint, model_of
     from vit.training.checkpoint_io import AtomicCheckpointIO
 
-    train = whole_train_batches(dm)
+    limit = TRAIN_IMAGES if trained is None else min(TRAIN_IMAGES, max(TRAIN_FLOOR, trained))
+    train = whole_train_batches(dm, limit=limit)
     measured, done = {}, []  # done: (state_dict, measurement) of the weights already measured
     for path in dict.fromkeys(paths):
         ckpt = load_checkpoint(path)

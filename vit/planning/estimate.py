@@ -1,6 +1,8 @@
-"""How long a fixed recipe will take on this machine: one line, early in the first epoch, from a few timed steps."""
+"""How long a run will take on this machine: one line after its first few steps (planned or not), and another whenever
+the speed changes by more than SPEED_CHANGE (a shared machine slowing down, a phase with other shapes)."""
 
 import logging
+import math
 
 import lightning as L
 import torch
@@ -9,17 +11,25 @@ log = logging.getLogger(__name__)
 
 # The bf16 check's steps: a warm-up and two timed steps at batch 2, in fp32 and in bf16.
 CHECK_STEPS = 6
+# After the first line, the speed is re-read every RECHECK_STEPS steps inside an epoch (one clock read, no device
+# synchronisation: over that many steps a GPU's queue is full, so the wall clock is its speed), and a line printed
+# when it differs from the last printed one by more than this factor.
+RECHECK_STEPS, SPEED_CHANGE = 50, 1.5
 
 
 class RunEstimate(L.Callback):
-    """One line, early in the first epoch of a fixed recipe: how long the whole run will take on this machine, from
-    a few timed training steps (the first `skip` left out: allocation, lazy initialisation), and how many epochs
-    would fit in an hour. Two clock reads in the whole run (each a device synchronisation on a GPU); nothing after."""
+    """One line after the first few training steps of any fit (the first `skip` left out: allocation, lazy
+    initialisation): seconds a step, the steps left, the expected wall time to the end and to the next checkpoint, and
+    for a run over an hour the way to a shorter one; then a line whenever the speed changes by more than SPEED_CHANGE.
+    A few clock reads a run (each a device synchronisation on a GPU only for the first line); nothing else."""
 
     def __init__(self, skip: int = 2, timed: int = 5):
         self.skip, self.timed = skip, timed
         self._t0: float | None = None
         self.estimate_s: float | None = None  # the whole run's estimated seconds, once printed
+        self.step_s: float | None = None  # the speed last printed
+        self.lines: list[str] = []  # what was printed, in order
+        self._mark: tuple[float, int] | None = None  # (clock, global step) where the current speed reading began
         self.bf16_slowdown: float | None = None  # fp32's speed over bf16's, measured when a CPU run asks for bf16
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -47,17 +57,19 @@ class RunEstimate(L.Callback):
         return f"measured {self.bf16_slowdown:.1f}x slower than fp32 on this CPU: --trainer.precision 32-true"
 
     @staticmethod
-    def _now(pl_module) -> float:
+    def _now(pl_module, sync: bool = True) -> float:
         import time
 
-        if pl_module.device.type == "cuda":
+        if sync and pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
         return time.perf_counter()
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._mark = None  # a speed reading never spans validation
         n = trainer.num_training_batches  # inf for an iterable without a length
         n = self.skip + self.timed if n == float("inf") else int(n)
-        # a short epoch (limit_train_batches) times what it has: at least one step, skipping fewer first
+        n = min(n, max(1, int(trainer.estimated_stepping_batches)))  # max_steps may stop the run sooner
+        # a short run (limit_train_batches, max_steps) times what it has: at least one step, skipping fewer first
         self._timed = max(1, min(self.timed, n - self.skip))
         self._skip = max(0, min(self.skip, n - self._timed))
 
@@ -66,25 +78,62 @@ class RunEstimate(L.Callback):
             self._t0 = self._now(pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if trainer.current_epoch != 0 or self.estimate_s is not None or self._t0 is None:
+        if self.estimate_s is None:
+            if trainer.current_epoch == 0 and self._t0 is not None and batch_idx == self._skip + self._timed - 1:
+                self._report(trainer, pl_module, (self._now(pl_module) - self._t0) / self._timed)
+                self._mark = (self._now(pl_module, sync=False), trainer.global_step)
             return
-        if batch_idx == self._skip + self._timed - 1:
-            self._report(trainer, pl_module, (self._now(pl_module) - self._t0) / self._timed)
+        if self._mark is None:
+            self._mark = (self._now(pl_module, sync=False), trainer.global_step)
+            return
+        steps = trainer.global_step - self._mark[1]
+        if steps < RECHECK_STEPS:
+            return
+        now = self._now(pl_module, sync=False)
+        step_s = (now - self._mark[0]) / steps
+        self._mark = (now, trainer.global_step)
+        if max(step_s / self.step_s, self.step_s / step_s) > SPEED_CHANGE:
+            self._again(trainer, step_s)
+
+    def _timings(self, trainer, step_s: float) -> tuple[int, float, float]:
+        """(steps left, seconds to the end, seconds to the next checkpoint: the end of this epoch's validation)."""
+        from vit.planning.plan import EPOCH_OVERHEAD
+
+        train_batches = trainer.num_training_batches
+        train_batches = int(train_batches) if train_batches != float("inf") else 0
+        val_batches = sum(trainer.num_val_batches) if trainer.num_val_batches else 0
+        val_s = val_batches * step_s / 3  # validation is forward-only: about a third of a training step a batch
+        epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
+        total = int(getattr(trainer, "estimated_stepping_batches", epochs * train_batches))
+        left = max(0, total - getattr(trainer, "global_step", 0))
+        loop = getattr(trainer, "fit_loop", None)
+        done_in_epoch = loop.epoch_loop.batch_progress.current.ready if loop is not None else 0
+        in_epoch = (train_batches - done_in_epoch) if train_batches else left
+        epochs_left = math.ceil(left / train_batches) if train_batches else 1
+        to_end = left * step_s * EPOCH_OVERHEAD + epochs_left * val_s
+        to_checkpoint = min(left, max(0, in_epoch)) * step_s * EPOCH_OVERHEAD + val_s
+        return left, to_end, to_checkpoint
 
     def _report(self, trainer, pl_module, step_s: float) -> None:
         from vit.planning.plan import EPOCH_OVERHEAD
 
+        self.step_s = step_s
         train_batches = trainer.num_training_batches
         val_batches = sum(trainer.num_val_batches) if trainer.num_val_batches else 0
         # validation is forward-only, about a third of a training step per batch of the same size (vit/planning/plan.py)
         epoch_s = train_batches * step_s * EPOCH_OVERHEAD + val_batches * step_s / 3
         epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
-        self.estimate_s = epochs * epoch_s
+        total = int(getattr(trainer, "estimated_stepping_batches", epochs * train_batches))
+        left, to_end, to_checkpoint = self._timings(trainer, step_s)
+        self.estimate_s = to_end + getattr(trainer, "global_step", 0) * step_s * EPOCH_OVERHEAD
         device = pl_module.device
         where = f"{device.type}, {torch.cuda.get_device_name(device)}" if device.type == "cuda" else f"cpu, {cores()}"
+        shape = (f"{epochs} epochs of {train_batches} steps" if train_batches != float("inf") and
+                 total >= epochs * train_batches else f"{total} steps")  # fmt: skip
         line = (
-            f"this recipe: {epochs} epochs of {train_batches} steps, about {duration(self.estimate_s)} on this "
-            f"machine ({where}; {step_s:.2f} s a step)"
+            f"this recipe: {shape}, about {duration(self.estimate_s)} on this machine ({where}; {step_s:.2f} s a "
+            f"step); {left} steps left: the end in ~{duration(to_end)}, the next checkpoint in "
+            f"~{duration(to_checkpoint)}"
         )
         if self.estimate_s > 3600:
             from vit.data.sources import PLANNED, public_class_path
@@ -98,6 +147,17 @@ class RunEstimate(L.Callback):
             line += f"; --trainer.max_epochs {fit} fits in about an hour"
         if self.bf16_slowdown:
             line += f"; bf16-mixed {self._bf16_note()}"
+        self._say(trainer, line)
+
+    def _again(self, trainer, step_s: float) -> None:
+        ratio = step_s / self.step_s
+        self.step_s = step_s
+        left, to_end, to_checkpoint = self._timings(trainer, step_s)
+        self._say(trainer, f"estimate: now {step_s:.2f} s a step ({ratio:.1f}x); {left} steps left: the end in "
+                           f"~{duration(to_end)}, the next checkpoint in ~{duration(to_checkpoint)}")  # fmt: skip
+
+    def _say(self, trainer, line: str) -> None:
+        self.lines.append(line)
         if trainer.is_global_zero:
             print(line, flush=True)
 

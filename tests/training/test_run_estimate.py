@@ -1,0 +1,67 @@
+"""Every fit says how long it will take (vit/planning/estimate.py RunEstimate): after its first steps, and again when
+the speed changes; and the steps after fit say what each took, the training images they read bounded by class."""
+
+import re
+import shutil
+
+import torch
+from conftest import SMOKE, fit_in
+
+from vit.data.base import by_class_sample
+from vit.evaluation import after_fit
+from vit.planning import estimate
+
+ARGS = ["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false", "--attention_maps.every_n_epochs", "0"]
+
+
+def test_a_three_step_run_prints_its_estimate_with_steps_left_and_the_next_checkpoint(in_tmp, capsys):
+    fit_in(in_tmp, [*ARGS, "--trainer.max_steps", "3"])
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("this recipe: "))
+    assert re.search(r"this recipe: 3 steps, about \S+ \S+ on this machine \(cpu, \d+ cores; [\d.]+ s a step\); "
+                     r"\d+ steps left: the end in ~\S+ \S+, the next checkpoint in ~", line), line  # fmt: skip
+
+
+def test_a_change_of_speed_is_said_again(in_tmp, capsys, monkeypatch):
+    monkeypatch.setattr(estimate, "RECHECK_STEPS", 2)
+    clock, printed = [0.0], []
+
+    def now(pl_module, sync=True):  # 1 s a call until the first line, then 10 s a call: a machine slowing down
+        clock[0] += 10.0 if printed else 1.0
+        return clock[0]
+
+    say = estimate.RunEstimate._say
+    monkeypatch.setattr(estimate.RunEstimate, "_now", staticmethod(now))
+    monkeypatch.setattr(estimate.RunEstimate, "_say", lambda self, t, line: printed.append(line) or say(self, t, line))
+    fit_in(in_tmp, ARGS)  # 2 epochs of 4 steps
+    assert printed[0].startswith("this recipe: 2 epochs of 4 steps") and "0.50 s a step" in printed[0]
+    again = [x for x in printed if x.startswith("estimate: now ")]
+    assert again and again[0].startswith("estimate: now 5.00 s a step (10.0x); ") and "steps left" in again[0]
+
+
+def test_each_step_after_fit_says_its_time_and_reads_a_bounded_sample_of_training_images(
+    smoke_run, tmp_path, monkeypatch
+):
+    seen = []  # the batches each pass read
+    features_of = after_fit.features_of
+    monkeypatch.setattr(after_fit, "features_of", lambda m, b, d: seen.append(b.targets) or features_of(m, b, d))
+    monkeypatch.setattr(after_fit, "TRAIN_IMAGES", 50)
+    cli = smoke_run.cli
+    # a copy: the steps write their records into the file, and the session's smoke run is read-only to tests
+    copy = shutil.copy(smoke_run.root / "checkpoints" / "smoke" / "version_0" / "last.ckpt", tmp_path)
+    lines = list(after_fit.after_fit_lines([str(copy)], cli.datamodule, cli.model.hparams, torch.device("cpu"),
+                                           None, 0))  # fmt: skip
+    assert lines and all(re.search(r" \[\d+\.\d s\]$", x) for x in lines), lines
+    n_train = len(cli.datamodule.memory["train"][1])
+    assert n_train > 50 and sorted(len(t) for t in seen)[0] == 50  # the training pass: the bound, not all of them
+    assert any(len(t) == len(cli.datamodule.memory["val"][1]) for t in seen)  # every validation image
+
+
+def test_the_training_images_after_fit_are_bounded_and_shared_by_class(monkeypatch):
+    targets = torch.tensor([0] * 100 + [1] * 10 + [2] * 50)
+    keep = by_class_sample(targets, 60, seed=0)
+    assert torch.bincount(targets[keep]).tolist() == [25, 10, 25]  # the small class whole, the others an equal share
+    assert torch.equal(keep, by_class_sample(targets, 60, seed=0)) and len(set(keep.tolist())) == 60
+    assert len(by_class_sample(targets, 1000)) == 160
+    soft = torch.nn.functional.one_hot(targets, 3).float()
+    assert torch.equal(by_class_sample(soft, 30), by_class_sample(targets, 30))

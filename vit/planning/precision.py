@@ -1,0 +1,130 @@
+"""The precision a run trains at: `precision: auto` (the shipped configs) resolved for this machine, and a warning when
+a precision typed by hand is known or measured to be slower than fp32 here.
+
+    value, why = resolve_precision("auto", "auto", arch)   # ("32-true", "CPU without native bf16 ...")
+    warning = precision_warning("bf16-mixed", "auto", arch)  # a line, or None
+
+The rule (docs/performance.md has the measurements):
+- a GPU: bf16-mixed where it has bf16 (Ampere and newer), else 16-mixed (fp16 autocast with a gradient scaler);
+- a CPU without native bf16 (no AVX512-BF16 or AMX: most laptops and many cloud CPUs, e.g. AVX2-only AMD EPYC): fp32.
+  bf16 autocast is emulated there: the CIFAR config's first step took 150 s against 5 s in fp32 (a 2-core EPYC);
+- a CPU with native bf16: a few timed training steps of the run's own model in each (the planner's `calibrate`), and
+  bf16-mixed only when it is BF16_GAIN faster (on a 2-core Xeon with AMX: 0.65x at 64x3, 0.96x at 128x6).
+The CLI resolves it before anything is built, prints one line, and the saved config.yaml and plan.yaml hold the
+resolved value, so that a rerun from them trains the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import lightning as L
+import torch
+from lightning.fabric.connector import _PRECISION_INPUT
+
+from vit.model.config import ViTConfig
+
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo's names of the instructions that make bf16 native
+PROBE_BATCH, PROBE_STEPS = 8, 3
+
+
+def native_bf16_cpu(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU computes bf16 natively (its flags name AVX512-BF16 or AMX-BF16); None where it cannot be read
+    (not Linux)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return any(f in flags for f in BF16_FLAGS)
+
+
+def _device(accelerator: str | None) -> str:
+    wants_cpu = str(accelerator or "auto") == "cpu"
+    return "cuda" if torch.cuda.is_available() and not wants_cpu else "cpu"
+
+
+def probe(arch: ViTConfig) -> tuple[float, float]:
+    """Training images/s of the run's model at fp32 and at bf16-mixed on this CPU: a few steps at a small batch."""
+    from vit.planning.speed import calibrate
+
+    return tuple(
+        calibrate([arch], PROBE_BATCH, "cpu", p, steps=PROBE_STEPS, warmup=1)[0] for p in ("32-true", "bf16-mixed")
+    )
+
+
+def resolve_precision(
+    requested, accelerator: str | None, arch: ViTConfig | None, *, native=None, measure=None
+) -> tuple[str, str]:
+    """(Lightning's precision, why) for `requested` ("auto" resolves; anything else is kept as given). `native`,
+    `measure`: native_bf16_cpu and probe unless given (tests pass fakes)."""
+    native, measure = native or native_bf16_cpu, measure or probe
+    if str(requested) != "auto":
+        return str(requested), "as given"
+    if _device(accelerator) == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return "bf16-mixed", "a GPU with bf16"
+        return "16-mixed", "a GPU without bf16: fp16 autocast with a gradient scaler"
+    has = native()
+    if has is False:
+        return "32-true", "a CPU without native bf16 (no AVX512-BF16 or AMX): bf16 would be emulated, ~30x slower"
+    if arch is None:
+        return "32-true", "a CPU: fp32 (no model to time bf16 on)"
+    fp32, bf16 = measure(arch)
+    from vit.planning.plan import BF16_GAIN
+
+    chosen = "bf16-mixed" if bf16 > BF16_GAIN * fp32 else "32-true"
+    kind = "native bf16" if has else "unknown bf16 support"
+    return (
+        chosen,
+        f"a CPU with {kind}: measured fp32 {fp32:.0f} img/s, bf16 {bf16:.0f} img/s (bf16 when > {BF16_GAIN}x)",
+    )
+
+
+def precision_warning(requested, accelerator: str | None, *, native=None) -> str | None:
+    """A one-line warning for a precision typed by hand that is known to be slower than fp32 here (bf16 or fp16 on a
+    CPU without native bf16); None otherwise. A CPU with native bf16 is measured when training starts instead
+    (vit/planning/estimate.py RunEstimate)."""
+    text, native = str(requested), native or native_bf16_cpu
+    if _device(accelerator) != "cpu" or not any(k in text for k in ("bf16", "16-")) or text.startswith("32"):
+        return None
+    if native() is False:
+        return (
+            f"warning: precision {text} on a CPU without native bf16 (no AVX512-BF16 or AMX) is emulated and ~30x "
+            "slower than fp32 here: --trainer.precision 32-true (or auto)"
+        )
+    return None
+
+
+class ViTTrainer(L.Trainer):
+    """Lightning's Trainer with `precision="auto"` (the shipped configs' value) accepted; the CLI resolves it before
+    the Trainer is built (resolve_precision), so this only resolves it for a Trainer made in Python."""
+
+    def __init__(self, *args, precision: _PRECISION_INPUT | Literal["auto"] | None = None, **kwargs):
+        if str(precision) == "auto":
+            precision = resolve_precision("auto", kwargs.get("accelerator"), None)[0]
+        super().__init__(*args, precision=precision, **kwargs)
+
+
+def apply_precision(config, explicit: set[str]) -> str | None:
+    """Resolve `config.trainer.precision` (a jsonargparse Namespace of a subcommand) in place when it is "auto", and
+    return the line to print: the choice and why, or the warning for a slow precision you typed (`explicit`: the keys
+    you set, vit/planning/planned_run.py explicit_keys). None when there is nothing to say."""
+    requested = config.trainer.get("precision")
+    accelerator = config.trainer.get("accelerator")
+    if str(requested) == "auto":
+        arch = config.model.get("arch")
+        fields = arch.as_dict() if hasattr(arch, "as_dict") else dict(arch or {})
+        side = (config.data.get("init_args") or {}).get("img_size") if config.get("data") else None
+        try:
+            cfg = ViTConfig.from_dict({**fields, **({"img_size": side} if side else {})})
+        except (TypeError, ValueError):
+            cfg = None  # the model's own checks report it when it is built
+        value, why = resolve_precision("auto", accelerator, cfg)
+        config.trainer.precision = value
+        return f"precision: {value} ({why}; --trainer.precision overrides)"
+    if "trainer.precision" in explicit:
+        return precision_warning(requested, accelerator)
+    return None
