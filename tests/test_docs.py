@@ -30,3 +30,20 @@ def test_every_file_the_readme_and_the_docs_name_exists(tmp_path):
     # the check finds a path that is not there, and a broken link
     (tmp_path / "x.md").write_text("see `vit/nope.py` and [this](gone.md), [that](x.md), `configs/variants/*.yaml`\n")
     assert missing(tmp_path / "x.md") == ["gone.md", "vit/nope.py"]
+
+
+def test_the_errors_docs_reliability_quotes_are_the_codes():
+    """Each `error: FOLDER...` that docs/reliability.md quotes for a user's images is written by the code: its words
+    between placeholders (FOLDER, '...', quoted values) appear in vit/ (they had drifted from vit/data/folder.py's)."""
+    doc = (ROOT / "docs" / "reliability.md").read_text()
+    source = "\n".join(p.read_text() for p in (ROOT / "vit").rglob("*.py"))
+    quoted = [q for q in re.findall(r"`error: ([^`]+)`", doc) if "FOLDER" in q]
+    assert len(quoted) >= 3
+    missing = []
+    for q in quoted:
+        # the fixed words: split at placeholders (upper-case names, ..., quoted or numeric values, brackets)
+        parts = re.split(r"[A-Z]{3,}[\w/]*|\.\.\.|'[^']*'|\[[^\]]*\]|\([^)]*\)|\b\d+\b|\S+\.(?:py|ckpt|yaml)|=\S+", q)
+        for part in (p.strip(" :;,./") for p in parts):
+            if len(part) >= 12 and part not in source:
+                missing.append((q[:60], part))
+    assert missing == []

@@ -6,10 +6,12 @@ or as timm weights.
     vit-export --ckpt checkpoints/digits/version_0/last.ckpt --format timm --out vit_timm/
 
 The graph holds the model alone: input `images` (B, in_chans, img_size, img_size) float32, already preprocessed;
-output `logits` (B, num_classes). `<out>.json` beside it holds img_size, in_chans, mean, std, class_names and every
-preprocessing step from an image file to that input (vit.data.images.preprocess_spec): what another runtime needs to
-feed it and get vit-predict's answers (`vit-predict --onnx FILE` runs it). `--quantize int8`: the matrix products in
-int8 (ONNX Runtime's dynamic quantization), for CPUs. `--format timm` writes a folder in timm's Hugging Face layout:
+outputs `logits` (B, num_classes) and `features` (B, depth + 1, embed_dim: the pooled tokens after the patch
+embedding and every block, which the rejection of unknown images reads). `<out>.json` beside it holds img_size,
+in_chans, mean, std, class_names, the rejection's statistics and every preprocessing step from an image file to
+that input (vit.data.images.preprocess_spec): what another runtime needs to feed it and get vit-predict's answers
+(`vit-predict --onnx FILE` runs it). `--quantize int8`: the matrix products in int8 (ONNX Runtime's dynamic
+quantization), for CPUs. `--format timm` writes a folder in timm's Hugging Face layout:
 model.safetensors and a config.json whose model_args build `timm.models.VisionTransformer(**model_args)` with the
 same logits, and whose pretrained_cfg holds the mean, std and input size.
 """

@@ -107,7 +107,7 @@ class LabelIssueFinder(L.Callback):
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         # Rank zero alone scores the whole training set (each rank holds all of it): a plain forward of the module, no
-        # collective, so the other ranks only wait at their next all-reduce. (It used to return under DDP: no file.)
+        # collective, so the other ranks only wait at their next all-reduce.
         if trainer.current_epoch not in snapshot_epochs(trainer.max_epochs or 1) or not trainer.is_global_zero:
             return
         was_training = pl_module.training

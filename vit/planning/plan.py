@@ -69,7 +69,7 @@ MEASURED = {
     200_000: "15 min: 92.4-92.7% (50,000 28-px grayscale clothing photos, 3 seeds)",
 }
 
-MEASURED_PHOTOS = "15 min: 75.4-81.5% (1,181 300-px grey electroluminescence photos, 3 folds)"
+MEASURED_PHOTOS = "15 min: 78.5-82.3%, balanced 74.0-76.6% (1,181 300-px grey electroluminescence photos, 3 folds)"
 
 # Training resolution: the listed side at or above the median short side. Without a budget, a 4x4 token grid up to
 # 32 px on a CPU, else 8x8. With one, the 8x8 grid at the images' own size only when it buys the tier's largest model
