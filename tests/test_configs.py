@@ -21,6 +21,7 @@ from vit.model.checkpoint import load_model
 CONFIG_DIR = Path(__file__).parent.parent / "configs"
 CONFIGS = sorted(p.name for p in CONFIG_DIR.glob("*.yaml"))
 VARIANTS = sorted(p.name for p in (CONFIG_DIR / "variants").glob("*.yaml"))
+assert len(CONFIGS) >= 8 and len(VARIANTS) >= 10, "the config lists come from disk: an empty glob would test nothing"
 # The trainer's length and batch count, and how many images the attention-map callback draws and scores: none (its
 # 32 faithfulness curves were a third of a CIFAR config's test, and 2 images' curves still 2 s of a 384 x 7 one's 13 s;
 # tests/evaluation/test_callbacks.py checks the curves reach TensorBoard).

@@ -17,6 +17,7 @@ from vit.training.module import ViTClassifier
 from vit.training.schedules import warmup_cosine
 
 CONFIGS = sorted(Path(__file__).parent.parent.joinpath("configs").rglob("*.yaml"))
+assert len(CONFIGS) >= 18, "the config list comes from disk: an empty glob would test nothing"
 SMOKE = str(Path(__file__).parent.parent / "configs" / "smoke.yaml")
 
 

@@ -6,14 +6,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tifffile  # pinned in requirements.txt: a missing one fails the file, it does not skip it
 import torch
 from PIL import Image
 
 from vit.data.folder import ImageFolderDataModule
 from vit.data.images import load_image
 from vit.data.transforms import DataError
-
-tifffile = pytest.importorskip("tifffile")
 
 
 def _grey_folder(root: Path, scale: int, seed: int = 0) -> np.ndarray:

@@ -3,15 +3,14 @@
 import json
 
 import lightning as L
+import litdata  # noqa: F401  (pinned in requirements.txt: a missing one fails the file, it does not skip it)
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-pytest.importorskip("litdata")
-
-from vit.commands.streaming import main  # noqa: E402
-from vit.data.streaming import StreamingDataModule  # noqa: E402
+from vit.commands.streaming import main
+from vit.data.streaming import StreamingDataModule
 
 N_PER_CLASS = 10
 
@@ -134,3 +133,22 @@ def test_optimize_reads_the_folder_as_the_other_readers_do(tmp_path):
     dm = ImageFolderDataModule(str(tmp_path / "imgs"), img_size=64, num_workers=0, in_chans=3)  # chunks are RGB
     dm.setup("fit")
     assert (list(dm.mean), list(dm.std)) == (meta["mean"], meta["std"])
+
+
+def test_optimize_splits_a_folder_of_class_folders_and_names_a_missing_one(tmp_path, capsys):
+    """The README's first layout, root/<class>/*: 20% of each class becomes val (it ended in a traceback: 'optimize
+    needs root/train/<class>/ and root/val/<class>/'); a folder that is not there is one line, exit 2."""
+    from vit.commands.streaming import main
+
+    for c in ("a", "b"):
+        (tmp_path / "imgs" / c).mkdir(parents=True)
+        for i in range(5):
+            Image.fromarray(np.full((16, 16, 3), 40 * i, np.uint8)).save(tmp_path / "imgs" / c / f"{i}.png")
+    assert main(["optimize", str(tmp_path / "imgs"), str(tmp_path / "chunks")]) == 0
+    meta = json.loads((tmp_path / "chunks" / "vit_meta.json").read_text())
+    assert meta["class_names"] == ["a", "b"] and meta["class_counts"] == [4, 4]  # one of each class's 5 in val
+    assert (tmp_path / "chunks" / "val").is_dir()
+    capsys.readouterr()
+    assert main(["optimize", str(tmp_path / "nope"), str(tmp_path / "c2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "nope" in err[0]

@@ -353,7 +353,9 @@ def test_rope_in_bfloat16_weights_runs_and_stays_close_to_float32():
         ref = model(x)
         out = model.to(torch.bfloat16)(x.to(torch.bfloat16))
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), ref, atol=0.1, rtol=0.1)
+    # bf16 keeps 8 bits of mantissa: a few hundredths of the logits' scale (an absolute 0.1 was the logits' own size)
+    scale = ref.abs().max()
+    assert scale > 0 and (out.float() - ref).abs().max() <= 0.05 * scale
 
 
 def test_the_distillation_token_gives_timms_deit_and_the_mean_of_two_heads():

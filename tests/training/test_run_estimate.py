@@ -65,3 +65,23 @@ def test_the_training_images_after_fit_are_bounded_and_shared_by_class(monkeypat
     assert len(by_class_sample(targets, 1000)) == 160
     soft = torch.nn.functional.one_hot(targets, 3).float()
     assert torch.equal(by_class_sample(soft, 30), by_class_sample(targets, 30))
+
+
+def test_a_run_that_trained_on_few_images_reads_a_sample_of_validation_after_fit(smoke_run, tmp_path, monkeypatch):
+    seen = []
+    features_of = after_fit.features_of
+    monkeypatch.setattr(after_fit, "features_of", lambda m, b, d: seen.append(len(b.targets)) or features_of(m, b, d))
+    monkeypatch.setattr(after_fit, "VAL_FLOOR", 30)
+    cli = smoke_run.cli
+    copy = shutil.copy(smoke_run.root / "checkpoints" / "smoke" / "version_0" / "last.ckpt", tmp_path)
+    n_val = len(cli.datamodule.memory["val"][1])
+    assert n_val > 30
+    measured = after_fit.measure_after_fit([str(copy)], cli.datamodule, torch.device("cpu"), trained=20)
+    val, train = seen  # validation: max(VAL_FLOOR, 20), by class; training: the floor, an equal share of each class
+    assert val == 30 and after_fit.TRAIN_FLOOR - 10 < train <= after_fit.TRAIN_FLOOR
+    line = after_fit.calibration_lines(measured[str(copy)], cli.datamodule, None, 0)
+    assert f"on 30 of the {n_val} validation images" in line
+    seen.clear()
+    copy2 = shutil.copy(copy, tmp_path / "again.ckpt")
+    after_fit.measure_after_fit([str(copy2)], cli.datamodule, torch.device("cpu"), trained=10 * n_val)
+    assert n_val in seen  # a run that trained on more images than validation holds reads all of it

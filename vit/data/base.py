@@ -129,11 +129,15 @@ class ImageClassificationData(L.LightningDataModule):
         return self.val_dataloader()
 
 
-def whole_val_batches(dm: ImageClassificationData, split: str = "val"):
+def whole_val_batches(dm: ImageClassificationData, split: str = "val", limit: int | None = None):
     """The whole validation (or test) set in one process (after fit on rank zero, or in vit-eval), as training
-    evaluated it: (normalised images, targets) batches."""
+    evaluated it: (normalised images, targets) batches. `limit`: at most that many of a set held in memory, chosen by
+    class as whole_train_batches does."""
     if getattr(dm, "memory", None) and split in dm.memory:
         images, targets = dm.memory[split]
+        if limit is not None and len(targets) > limit:
+            keep = by_class_sample(targets, limit)
+            images, targets = images[keep], targets[keep]
         return DeviceBatches(images, targets, dm.eval_batch_size, dm.mean, dm.std, train=False, out_size=dm.img_size)
     if getattr(dm, f"{split}_set", None) is not None:
         return DataLoader(getattr(dm, f"{split}_set"), batch_size=dm.eval_batch_size, num_workers=dm.num_workers)

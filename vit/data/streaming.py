@@ -21,7 +21,7 @@ import torch
 
 from vit.data.base import ImageClassificationData, channel_mean_std, rounded
 from vit.data.images import eval_geometry, load_image, same_dtype
-from vit.data.listing import list_folder
+from vit.data.listing import list_folder, split_validation
 from vit.data.transforms import check_crop_scale, eval_transform, train_transform
 
 META = "vit_meta.json"  # class names and the training images' mean/std, written beside the chunks
@@ -42,18 +42,23 @@ def read_meta(path: str) -> dict:
         return json.load(f)
 
 
+VAL_FRACTION = 0.2  # of each class, for a folder without val/: what a folder's DataModule holds out by default
+
+
 def optimize_folder(root: str, output_dir: str, num_workers: int = 1, chunk_bytes: str = "64MB") -> dict:
-    """Write root/train and root/val (class subfolders) as litdata chunks under output_dir/{train,val}; returns the
+    """Write root/train and root/val (class subfolders; a root/<class>/ folder is split, VAL_FRACTION of each class to
+    val, seeded) as litdata chunks under output_dir/{train,val}; returns the
     metadata also written to output_dir/vit_meta.json (class names, mean and std of 500 training images)."""
     from litdata import optimize
 
     root_p, out = Path(root), Path(output_dir)
     listing = list_folder(root_p)
-    if "val" not in listing.splits:
-        raise ValueError(f"{root}: optimize needs root/train/<class>/ and root/val/<class>/ (or valid, validation...)")
+    splits = dict(listing.splits)
+    if "val" not in splits:  # root/<class>/ (or train/ alone): validation split off per class, seeded, as a folder's
+        splits["train"], splits["val"] = split_validation(splits["train"], VAL_FRACTION, seed=0)
     classes = listing.class_names
     for split in ("train", "val"):
-        items = [(p, t, i) for i, (p, t) in enumerate(listing.splits[split])]
+        items = [(p, t, i) for i, (p, t) in enumerate(splits[split])]
         optimize(
             fn=_read,
             inputs=items,
@@ -67,7 +72,7 @@ def optimize_folder(root: str, output_dir: str, num_workers: int = 1, chunk_byte
             # later DataLoader of the process spawns too. The platform's own method keeps both as they were.
             start_method=multiprocessing.get_start_method(),
         )
-    train_files = listing.splits["train"]
+    train_files = splits["train"]
     sample = [p for p, _ in train_files[:: max(1, len(train_files) // 500)][:500]]
     # the same statistics as a folder's (channel_mean_std), of a stride sample decoded at 64 px (the chunks keep the
     # encoded files; the size to train at is not known here)

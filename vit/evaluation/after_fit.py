@@ -21,10 +21,12 @@ from vit.evaluation.unknown import ACCEPT, features_of, rejection_record
 
 # The training images read for the rejection statistics after fit: at most TRAIN_IMAGES, an equal share of each class
 # (vit/data/base.py by_class_sample), and no more than the run trained on (at least TRAIN_FLOOR): their class means and
-# covariances need a few hundred images a class, not a whole CIFAR. 3 steps on CIFAR-format files (10,000 training
-# images; docs/performance.md): 80 s after fit reading all of them, 21 s with this bound. The validation images are all
-# read, once a distinct checkpoint (docs/performance.md has what is left).
-TRAIN_IMAGES, TRAIN_FLOOR = 2048, 256
+# covariances need a few hundred images a class, not a whole CIFAR. The validation images are all read, once for each
+# distinct checkpoint, unless the run trained on fewer images than the validation set holds: then at most that many,
+# and at least VAL_FLOOR, by class (a smoke run of 3 steps is not worth a pass over 10,000 images). 3 steps on
+# CIFAR-format files (10,000 training, 2,000 validation images; docs/performance.md): 80 s after fit reading all of
+# them, 18 s with the training bound alone.
+TRAIN_IMAGES, TRAIN_FLOOR, VAL_FLOOR = 2048, 256, 1000
 
 
 def after_fit_lines(saved: list[str], dm: ImageClassificationData, hparams, device: torch.device,
@@ -95,6 +97,7 @@ def measure_after_fit(
 
     limit = TRAIN_IMAGES if trained is None else min(TRAIN_IMAGES, max(TRAIN_FLOOR, trained))
     train = whole_train_batches(dm, limit=limit)
+    val_limit = None if trained is None else max(VAL_FLOOR, trained)
     measured, done = {}, []  # done: (state_dict, measurement) of the weights already measured
     for path in dict.fromkeys(paths):
         ckpt = load_checkpoint(path)
@@ -102,7 +105,9 @@ def measure_after_fit(
         state = model.state_dict()
         found = next((m for seen, m in done if _same_weights(seen, state)), None)
         if found is None:
-            val = features_of(model, whole_val_batches(dm), device)  # (N, L + 1, D), (N, C), (N,), (N, 5)
+            val = features_of(
+                model, whole_val_batches(dm, limit=val_limit), device
+            )  # (N, L + 1, D), (N, C), (N,), (N, 5)
             _, logits, targets, _ = val
             found = {
                 "calibration": calibration_report(logits, targets, fit_temperature(logits, targets)),
@@ -125,12 +130,15 @@ def calibration_lines(best: dict, dm: ImageClassificationData, tb: TensorBoardLo
     pred = logits.argmax(-1)
     cm = multiclass_confusion_matrix(pred, targets, dm.num_classes)
     recall = cm.diag().double() / cm.sum(dim=1).clamp(min=1)  # (C,): 0 for a class without images
+    held = getattr(dm, "memory", None) or {}
+    total = len(held["val"][1]) if "val" in held else len(targets)
+    where = "the validation set" if len(targets) >= total else f"{len(targets)} of the {total} validation images"
     lines = (
         f"calibrated: temperature {report['temperature']:.3f}, ECE {report['ece_uncalibrated']:.4f} -> "
-        f"{report['ece']:.4f} on the validation set it was fitted on (vit-predict and vit-serve apply it; "
+        f"{report['ece']:.4f} on {where} it was fitted on (vit-predict and vit-serve apply it; "
         "--raw-probs: without)\n"
         # both, whichever chose the checkpoint: what a long-tail rule traded is visible
-        f"chosen checkpoint on the validation set: accuracy {float((pred == targets).double().mean()):.4f}, "
+        f"chosen checkpoint on {where}: accuracy {float((pred == targets).double().mean()):.4f}, "
         f"balanced accuracy {balanced_accuracy(pred, targets, dm.num_classes):.4f}"
     )
     if tb is not None:
