@@ -35,7 +35,7 @@ HYBRID_SIDE = 160  # without a budget
 HYBRID_LR = 5e-4
 # A CNN step costs a CPU ~10x a small ViT's: calibration times a batch of this many images
 CALIBRATION_BATCH = 16
-MEASURED_HYBRID = "15 min: 77.1-85.6%, balanced 76.5-79.1% (1,181 300-px grey electroluminescence photos, 3 folds)"
+MEASURED_HYBRID = "5 min: 81.3-84.1%, balanced 76.4-77.5%; 15 min: 77.1-85.6% (1,181 300-px grey cells, 3 folds)"
 
 
 class HybridPlanner(Planner):
