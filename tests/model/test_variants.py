@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from vit.evaluation.attention_maps import capture_attention
+from vit.model.attention import Attention, LatentAttention
 from vit.model.config import ViTConfig
 from vit.model.layers import apply_rope, attention_pattern_mask, rope_2d
-from vit.model.vision_transformer import Attention, Block, VisionTransformer, shifted_patches
+from vit.model.vision_transformer import Block, VisionTransformer, build_block, shifted_patches
 
 ROOT = Path(__file__).parents[2]
 VARIANTS = sorted((ROOT / "configs" / "variants").glob("*.yaml"))
@@ -210,7 +211,7 @@ def test_rmsnorm_matches_its_formula():
 
 
 def test_post_norm_block_matches_its_formula():
-    blk = Block(ViTConfig(embed_dim=32, num_heads=4, norm_position="post")).eval()
+    blk = build_block(ViTConfig(embed_dim=32, num_heads=4, norm_position="post")).eval()
     x = torch.randn(2, 5, 32)
     h = blk.norm1(x + blk.attn(x))
     torch.testing.assert_close(blk(x), blk.norm2(h + blk.mlp(h)))
@@ -257,7 +258,7 @@ def test_rope_with_and_without_the_absolute_embedding():
 
 
 def test_latent_attention_matches_its_formula_and_stores_less():
-    attn = Attention(32, num_heads=4, kv_latent_dim=8).eval()
+    attn = LatentAttention(32, num_heads=4, kv_latent_dim=8).eval()
     x = torch.randn(2, 6, 32)
     latent = attn.kv_norm(attn.kv_down(x))  # (B, N, 8): all that keys and values are made of
     k, v = attn.kv_up(latent).split(32, dim=-1)

@@ -125,8 +125,7 @@ def relevance(
         R = R + cam @ R
     rel = readout(R, model.num_prefix_tokens, model.dist_token is not None)
     rel = rel / rel.sum(dim=-1, keepdim=True).clamp_min(1e-12)
-    patch = model.patch_embed.patch_size
-    grid = (x.shape[-2] // patch, x.shape[-1] // patch)
+    grid = model.patch_embed.grid(x)
     return rel.reshape(B, *grid).detach(), logits.detach(), [a.detach().float() for a in captured]
 
 
@@ -221,8 +220,7 @@ def attention_panels(
     (B, 3, S, S) the rollout overlays alone; 'mean_distance' (L, H) pixels; 'entropy' (L,) nats; 'attentions'.
     """
     attns, logits = capture_attention(model, x)
-    patch, p = model.patch_embed.patch_size, model.num_prefix_tokens
-    grid = (x.shape[-2] // patch, x.shape[-1] // patch)
+    grid, p = model.patch_embed.grid(x), model.num_prefix_tokens
     images = _resize(denormalize(x.float(), mean, std).cpu(), display_size)
     rel = image_relevance(attention_rollout(attns), p, grid, model.dist_token is not None)
     overlays = overlay_batch(images, rel, cmap)
@@ -240,7 +238,9 @@ def attention_panels(
         "query_patch": make_grid(qtiles, nrow=heads, padding=2, pad_value=1.0),
         "overlays": overlays,
         "relevance": rel,
-        "mean_distance": torch.stack([mean_attention_distance(a, grid, patch, p) for a in attns]).cpu(),
+        "mean_distance": torch.stack(
+            [mean_attention_distance(a, grid, model.patch_embed.patch_size, p) for a in attns]
+        ).cpu(),
         "entropy": torch.stack([attention_entropy(a) for a in attns]).cpu(),
         "attentions": attns,
         "logits": logits,

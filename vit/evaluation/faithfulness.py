@@ -53,7 +53,7 @@ def curves(
     patch changed to every patch changed. S = N patches (at most 32 steps of equal size)."""
     B, C, H, W = x.shape
     patch = model.patch_embed.patch_size
-    gh, gw = H // patch, W // patch
+    gh, gw = model.patch_embed.grid(x)
     N = gh * gw
     S = min(N, steps or 32)
     rank = scores.argsort(dim=1, descending=True).argsort(dim=1)  # (B, N): 0 for the most relevant patch

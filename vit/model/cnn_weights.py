@@ -240,7 +240,7 @@ def load_stem(model: torch.nn.Module, weights: CnnWeights) -> None:
     1x1 projection to the tokens and the blocks keep their initialisation."""
     from vit.model.stems import CnnStem
 
-    stem, cfg = model.patch_embed.stem, model.cfg
+    stem, cfg = getattr(model.patch_embed, "stem", None), model.cfg  # the plain embedding has none
     if not isinstance(stem, CnnStem) or cfg.stem != weights.arch:
         raise CnnWeightsError(
             f"stem_from={weights.source}: {weights.arch} weights need --model.arch.stem {weights.arch} "

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from vit.model.checkpoint import CheckpointError, arch_from_hparams, load_checkpoint
+from vit.model.patch_embed import patch_grid
 from vit.model.timm_state import InteropError, config_from_state_dict, convert_from_timm, load_state_dict
 from vit.model.vision_transformer import VisionTransformer
 
@@ -262,7 +263,7 @@ def _resample_ours(sd: dict, model: VisionTransformer, arch: dict) -> dict:
     from timm.layers import resample_abs_pos_embed
 
     pe = sd.get("pos_embed")
-    old = (arch["img_size"] // arch["patch_size"],) * 2
+    old = patch_grid(arch["img_size"], arch["patch_size"])
     if isinstance(pe, torch.Tensor) and old != model.grid_size:
         sd["pos_embed"] = resample_abs_pos_embed(pe, list(model.grid_size), list(old), num_prefix_tokens=0)
     if arch["patch_size"] != model.cfg.patch_size:

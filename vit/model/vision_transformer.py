@@ -4,8 +4,10 @@ No Lightning here: `vit/training/module.py` wraps this model for training. Submo
 `VisionTransformer` (`patch_embed.proj`, `pos_embed`, `blocks.N.attn.qkv`, `attn.q_norm`, `mlp.fc1`, `norm`, `head`)
 so that state dicts map onto timm's one to one.
 
-Every architecture field is declared once, in `ViTConfig` below (type, default, meaning, validation); the YAML's
-`model.arch` section, checkpoints, timm interop and the recipe planner all read and write that one class.
+Every architecture field is declared once, in `ViTConfig` (vit/model/config.py: type, default, meaning, validation);
+the YAML's `model.arch` section, checkpoints, timm interop and the recipe planner all read and write that one class.
+The variants are classes of their own, each picked from the config in one factory: `build_patch_embed`
+(vit/model/patch_embed.py), `build_attention` (vit/model/attention.py), `build_block` and `build_mlp` (below).
 
     model = VisionTransformer(ViTConfig(img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=6))
     model = VisionTransformer(img_size=32, embed_dim=192)   # the same: keywords are ViTConfig's fields
@@ -16,236 +18,36 @@ import dataclasses
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from timm.layers import DropPath, LayerScale, Mlp, PatchDropout, SwiGLU, resample_abs_pos_embed, trunc_normal_
 
+from vit.model.attention import Attention, build_attention
 from vit.model.config import ViTConfig
-from vit.model.layers import (
-    apply_rope,
-    attention_pattern_mask,
-    get_norm_layer,
-    mimetic_factors,
-    rope_2d,
-    sincos_2d_pos_embed,
-)
+from vit.model.layers import attention_pattern_mask, get_norm_layer, rope_2d, sincos_2d_pos_embed
 from vit.model.moe import MoEMlp
-from vit.model.stems import HYBRID_STEMS, CnnStem, conv_stem, resnet_stem, shifted_patches, stem_widths
+from vit.model.patch_embed import PatchEmbed, build_patch_embed, patch_grid
+from vit.model.stems import shifted_patches
 
-
-class PatchEmbed(nn.Module):
-    """Image to patch tokens: (B, C, H, W) -> (B, N, D), N = (H/p) * (W/p). One strided convolution (`proj`); with
-    `stem='conv'` or `'resnet'` a convolutional or residual stem (`stem`) and a 1x1 convolution (`proj`) to the token
-    width; with a timm EfficientNet-Lite name, its first stages to stride p (`stem`, vit/model/stems.py CnnStem) and a
-    1x1 convolution; with `stem='spt'` shifted patches, a LayerNorm (`norm`) and a linear layer (`proj`)."""
-
-    def __init__(self, patch_size: int, in_chans: int, embed_dim: int, stem: str = "patch"):
-        super().__init__()
-        self.patch_size, self.in_chans = patch_size, in_chans
-        self.spt = stem == "spt"
-        if self.spt:
-            self.stem = nn.Identity()
-            self.norm = nn.LayerNorm(5 * in_chans * patch_size**2, eps=1e-6)
-            self.proj = nn.Linear(5 * in_chans * patch_size**2, embed_dim)
-        elif stem in ("conv", "resnet"):
-            self.stem = (conv_stem if stem == "conv" else resnet_stem)(in_chans, embed_dim, patch_size)
-            self.proj = nn.Conv2d(stem_widths(embed_dim, patch_size)[-1], embed_dim, kernel_size=1)
-        elif stem in HYBRID_STEMS:
-            self.stem = CnnStem(stem, in_chans, patch_size)
-            self.proj = nn.Conv2d(self.stem.out_chans, embed_dim, kernel_size=1)
-        else:
-            self.stem = nn.Identity()
-            self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        H, W = x.shape[-2:]
-        if H % self.patch_size or W % self.patch_size:
-            raise ValueError(f"input size {H}x{W} is not divisible by patch_size={self.patch_size}")
-        if self.spt:
-            grid = (H // self.patch_size, W // self.patch_size)
-            return self.proj(self.norm(shifted_patches(x, self.patch_size))), grid  # (B, N, D)
-        x = self.proj(self.stem(x))  # (B, D, H/p, W/p)
-        grid = (x.shape[-2], x.shape[-1])
-        return x.flatten(2).transpose(1, 2), grid  # (B, N, D)
-
-
-class Attention(nn.Module):
-    """Multi-head self-attention with QK-Norm; `num_kv_heads` below `num_heads` shares each key/value head across a
-    group of query heads (grouped-query attention; 1: multi-query).
-
-    `fused_attn` (per instance) picks `F.scaled_dot_product_attention` (FlashAttention / memory-efficient kernels on
-    GPU, the flash kernel on CPU) or the manual `softmax(q k^T / sqrt(d)) v`, which materialises the weights: they pass
-    through `attn_drop`, where `vit.evaluation.attention_maps` reads them.
-
-    The variants are subclasses, picked by the config's fields: `Attention(..., kv_latent_dim=r)` builds a
-    `LatentAttention`, `lsa=True` a `LocalitySelfAttention` (both: `LatentLocalityAttention`).
-    """
-
-    def __new__(cls, *args, kv_latent_dim: int | None = None, lsa: bool = False, **kwargs):
-        if cls is Attention:
-            cls = {(False, False): Attention, (True, False): LatentAttention, (False, True): LocalitySelfAttention,
-                   (True, True): LatentLocalityAttention}[(bool(kv_latent_dim), bool(lsa))]  # fmt: skip
-        return super().__new__(cls)
-
-    def __init__(
-        self,
-        dim: int,
-        *,
-        num_heads: int,
-        qkv_bias: bool = True,
-        qk_norm: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] = nn.LayerNorm,
-        num_kv_heads: int | None = None,
-        kv_latent_dim: int | None = None,
-        lsa: bool = False,
-    ):
-        super().__init__()
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads or num_heads
-        self.head_dim = dim // num_heads
-        self.scale = self.head_dim**-0.5
-        self.fused_attn = True
-        self.projections(dim, qkv_bias, norm_layer, kv_latent_dim)  # lsa: read by __new__ only
-        # One norm over head_dim shared by all heads (timm's qk_norm), applied before the dot product.
-        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
-
-    def projections(self, dim: int, qkv_bias: bool, norm_layer, kv_latent_dim: int | None) -> None:
-        """q, then k and v for the kv heads only: [H * Dh | KV * Dh | KV * Dh] (timm's fused qkv when KV == H)."""
-        self.qkv = nn.Linear(dim, (self.num_heads + 2 * self.num_kv_heads) * self.head_dim, bias=qkv_bias)
-
-    def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (B, H, N, Dh) and k, v (B, KV, N, Dh), q and k normalised."""
-        H, KV, Dh = self.num_heads, self.num_kv_heads, self.head_dim
-        return self.split_heads(*self.qkv(x).split([H * Dh, KV * Dh, KV * Dh], dim=-1))
-
-    def split_heads(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(B, N, H * Dh) q and (B, N, KV * Dh) k, v -> (B, H, N, Dh), (B, KV, N, Dh) x 2, q and k normalised."""
-        B, N, _ = q.shape
-        q = q.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.reshape(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.reshape(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return self.q_norm(q), self.k_norm(k), v
-
-    def scaled_queries(self, q: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """q and the factor of q.k: 1 / sqrt(Dh)."""
-        return q, self.scale
-
-    @torch.no_grad()
-    def mimetic_init_(self, alpha1: float = 0.7, beta1: float = 0.7, alpha2: float = 0.4, beta2: float = 0.4) -> None:
-        """Trockman & Kolter (2023)'s values: per head, W_q^h^T W_k^h (D, D) is the best rank-Dh approximation of
-        alpha1 Z1 + beta1 I (a query attends to tokens like itself, hence near itself through the position
-        embedding); W_proj W_v = alpha2 Z2 - beta2 I over all heads. Biases stay zero. With qk_norm the scale of
-        q and k is normalised away and only the directions remain, which carry the structure."""
-        D, H, Dh = self.proj.in_features, self.num_heads, self.head_dim
-        w = self.qkv.weight  # (3 D, D): rows [q heads | k heads | v]
-        for h in range(H):
-            left, right = mimetic_factors(D, alpha=alpha1, beta=beta1)
-            w[h * Dh : (h + 1) * Dh] = left[:, :Dh].T  # W_q^h (Dh, D)
-            w[D + h * Dh : D + (h + 1) * Dh] = right[:Dh]  # W_k^h (Dh, D)
-        left, right = mimetic_factors(D, alpha=alpha2, beta=-beta2)
-        w[2 * D :] = right  # W_v (D, D)
-        self.proj.weight.copy_(left)  # W_proj (D, D): W_proj W_v = alpha2 Z2 - beta2 I
-
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
-        """x (B, N, D); attn_mask (N, N) bool, True where a query may attend to a key; rope (cos, sin) of the
-        patch tokens (prefix tokens such as the class token are not rotated)."""
-        B, N, C = x.shape
-        q, k, v = self.qkv_heads(x)  # (B, H, N, Dh), (B, KV, N, Dh), (B, KV, N, Dh)
-        if rope is not None:  # 2D RoPE: positions enter as rotations of q and k
-            q, k = rotate_patch_tokens(q, k, *rope)
-        q, scale = self.scaled_queries(q)
-        if self.fused_attn:  # enable_gqa: SDPA shares each kv head across its group of query heads without a copy
-            x = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=self.num_kv_heads != self.num_heads,
-                dropout_p=self.attn_drop.p if self.training else 0.0,
-            )  # fmt: skip
-        else:
-            x = eager_attention(q, k, v, attn_mask, scale, self.attn_drop)
-        x = x.transpose(1, 2).reshape(B, N, C)  # (B, H, N, Dh) -> (B, N, D)
-        return self.proj_drop(self.proj(x))
-
-
-class LatentAttention(Attention):
-    """Multi-head latent attention (DeepSeek-V2), non-causal: keys and values are up-projected from one shared
-    low-rank latent of each token, c = norm(W_down x) (B, N, kv_latent_dim); q comes from x directly (no decoupled RoPE
-    here)."""
-
-    def projections(self, dim: int, qkv_bias: bool, norm_layer, kv_latent_dim: int | None) -> None:
-        self.kv_latent_dim = kv_latent_dim
-        self.q = nn.Linear(dim, self.num_heads * self.head_dim, bias=qkv_bias)
-        self.kv_down = nn.Linear(dim, kv_latent_dim, bias=False)
-        self.kv_norm = norm_layer(kv_latent_dim)
-        self.kv_up = nn.Linear(kv_latent_dim, 2 * self.num_kv_heads * self.head_dim, bias=qkv_bias)
-
-    def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        k, v = self.kv_up(self.kv_norm(self.kv_down(x))).chunk(2, dim=-1)  # (B, N, latent) -> 2 x (B, N, KV * Dh)
-        return self.split_heads(self.q(x), k, v)
-
-
-class LocalitySelfAttention(Attention):
-    """Locality Self-Attention (Lee et al. 2021): logits q.k / temperature with a learned temperature (from
-    sqrt(Dh)); the diagonal mask, so that a token never attends to itself, comes with the block's attn_mask
-    (VisionTransformer.attn_mask_for)."""
-
-    def projections(self, dim: int, qkv_bias: bool, norm_layer, kv_latent_dim: int | None) -> None:
-        self.temperature = nn.Parameter(torch.tensor(self.head_dim**0.5))
-        super().projections(dim, qkv_bias, norm_layer, kv_latent_dim)
-
-    def scaled_queries(self, q: torch.Tensor) -> tuple[torch.Tensor, float]:
-        return q / self.temperature, 1.0  # into q: SDPA's scale is a float
-
-
-class LatentLocalityAttention(LocalitySelfAttention, LatentAttention):
-    """LSA's temperature over MLA's projections."""
-
-
-def rotate_patch_tokens(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
-    """q (B, H, N, Dh) and k (B, KV, N, Dh) with their last cos.shape[0] tokens (the patches) rotated by 2D RoPE; the
-    prefix tokens before them (a class token) are not."""
-    p = q.shape[2] - cos.shape[0]
-    cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # float32 tables would promote bf16 q, k away from v's dtype
-    q = torch.cat([q[:, :, :p], apply_rope(q[:, :, p:], cos, sin)], dim=2)
-    k = torch.cat([k[:, :, :p], apply_rope(k[:, :, p:], cos, sin)], dim=2)
-    return q, k
-
-
-def eager_attention(q, k, v, attn_mask: torch.Tensor | None, scale: float, attn_drop: nn.Dropout) -> torch.Tensor:
-    """softmax(q k^T scale) v with the weights materialised: they pass through `attn_drop`, where
-    vit.evaluation.attention_maps reads them. q (B, H, N, Dh); k, v (B, KV, N, Dh), each shared by H / KV heads."""
-    if k.shape[1] != q.shape[1]:
-        group = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, N, Dh)
-    attn = (q * scale) @ k.transpose(-2, -1)  # (B, H, N, N)
-    if attn_mask is not None:
-        attn = attn.masked_fill(~attn_mask, float("-inf"))
-    return attn_drop(attn.softmax(dim=-1)) @ v
+# the layers, importable from here too (vit/model/attention.py and patch_embed.py define them)
+__all__ = ["Attention", "Block", "PatchEmbed", "PostNormBlock", "VisionTransformer", "build_block", "build_mlp",
+           "patch_grid", "shifted_patches"]  # fmt: skip
 
 
 class Block(nn.Module):
     """Transformer block, Pre-Norm: x + attn(norm1(x)), then x + mlp(norm2(x)), with LayerScale and DropPath.
 
-    Built from the architecture config; `drop_path` is this block's own rate (it grows with depth). A config with
-    `norm_position: post` builds a `PostNormBlock` (the same layers, the original Transformer's order)."""
-
-    def __new__(cls, cfg: ViTConfig | None = None, drop_path: float = 0.0):  # no cfg: copy.deepcopy (EMA) rebuilding
-        post = cls is Block and cfg is not None and cfg.norm_position == "post"
-        return super().__new__(PostNormBlock if post else cls)
+    Built from the architecture config (its attention and MLP by build_attention and build_mlp); `drop_path` is this
+    block's own rate (it grows with depth). `build_block` picks it or `PostNormBlock` from `cfg.norm_position`."""
 
     def __init__(self, cfg: ViTConfig, drop_path: float = 0.0):
         super().__init__()
         dim, norm_layer = cfg.embed_dim, get_norm_layer(cfg.norm_layer)
         self.post_norm = cfg.norm_position == "post"
         self.norm1 = norm_layer(dim)
-        self.attn = block_attention(cfg)
+        self.attn = build_attention(cfg)
         self.ls1 = LayerScale(dim, cfg.init_values) if cfg.init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm_layer(dim)
-        self.mlp = block_mlp(cfg)
+        self.mlp = build_mlp(cfg)
         self.ls2 = LayerScale(dim, cfg.init_values) if cfg.init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
@@ -262,24 +64,12 @@ class PostNormBlock(Block):
         return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
 
 
-def block_attention(cfg: ViTConfig) -> Attention:
-    """A block's attention as the config picks it: heads, QK-Norm, and the variants' fields (GQA/MQA's kv heads, MLA's
-    latent width, LSA's learned temperature)."""
-    return Attention(
-        cfg.embed_dim,
-        num_heads=cfg.num_heads,
-        qkv_bias=cfg.qkv_bias,
-        qk_norm=cfg.qk_norm,
-        attn_drop=cfg.attn_drop_rate,
-        proj_drop=cfg.drop_rate,
-        norm_layer=get_norm_layer(cfg.norm_layer),
-        num_kv_heads=cfg.num_kv_heads,
-        kv_latent_dim=cfg.kv_latent_dim,
-        lsa=cfg.lsa,
-    )
+def build_block(cfg: ViTConfig, drop_path: float = 0.0) -> Block:
+    """The block `cfg.norm_position` names: Pre-Norm (`Block`) or Post-Norm (`PostNormBlock`), the same layers."""
+    return (PostNormBlock if cfg.norm_position == "post" else Block)(cfg, drop_path)
 
 
-def block_mlp(cfg: ViTConfig) -> nn.Module:
+def build_mlp(cfg: ViTConfig) -> nn.Module:
     """A block's feed-forward layer as the config picks it: timm's Mlp (GELU) by default; SwiGLU at 2/3 of the hidden
     size (three matrices instead of two: the same parameters); or a mixture of E experts of the dense MLP's size, each
     token paying for top_k of them."""
@@ -305,13 +95,13 @@ class VisionTransformer(nn.Module):
         self.num_classes = cfg.num_classes
         self.embed_dim = cfg.embed_dim
         self.global_pool = cfg.global_pool
-        self.grid_size = (cfg.img_size // cfg.patch_size, cfg.img_size // cfg.patch_size)
+        self.grid_size = patch_grid(cfg.img_size, cfg.patch_size)
         # Tokens before the patches: the class token (token pooling), then DeiT's distillation token
         self.num_prefix_tokens = int(cfg.global_pool == "token") + int(cfg.dist_token)
         self.pos_embed_type = cfg.pos_embed
         norm = get_norm_layer(cfg.norm_layer)
 
-        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim, cfg.stem)
+        self.patch_embed = build_patch_embed(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.global_pool == "token" else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.dist_token else None
         num_patches = self.grid_size[0] * self.grid_size[1]
@@ -336,7 +126,7 @@ class VisionTransformer(nn.Module):
         cos, sin = rope_2d(self.grid_size, cfg.embed_dim // cfg.num_heads) if self.use_rope else (None, None)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.blocks = nn.ModuleList([Block(cfg, drop_path=dpr[i]) for i in range(cfg.depth)])
+        self.blocks = nn.ModuleList([build_block(cfg, drop_path=dpr[i]) for i in range(cfg.depth)])
         self.norm = nn.Identity() if cfg.fc_norm else norm(cfg.embed_dim)
         self.fc_norm = norm(cfg.embed_dim) if cfg.fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(cfg.drop_rate)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from vit.model.config import ViTConfig
+from vit.model.patch_embed import patch_grid
 from vit.planning.fingerprint import Fingerprint
 from vit.planning.plan import Plan, Planner
 from vit.planning.speed import Machine
@@ -79,7 +80,7 @@ class FineTunePlanner(Planner):
     def sides(self) -> list[int]:
         """The weights' own side, then 3/4 and 1/2 of its token grid (multiples of the patch, at least 2x2)."""
         patch, own = self.arch["patch_size"], self.arch["img_size"]
-        grid = own // patch
+        grid = patch_grid(own, patch)[0]
         grids = sorted({g for g in (grid, math.ceil(grid * 3 / 4), grid // 2) if g >= 2}, reverse=True)
         return [g * patch for g in grids]
 
