@@ -25,10 +25,10 @@ HYBRID_ROUTE = "hybrid"
 HYBRID_PATCH = 16
 HYBRID_MODEL = (192, 4, 3)
 # Sides (multiples of 32): the largest whose epochs the budget buys at least HYBRID_MIN_EPOCHS of; at most
-# HYBRID_EPOCHS epochs. A fine-tune from ImageNet features is short, but not that short: the bare Lite0 loop reached
-# 86.2% in 10 epochs at 160 px and 80.7% in 5 at 128 px (a held-out split of the cells).
+# HYBRID_EPOCHS epochs. Epochs before pixels: on the cells' screening fold at 15 minutes, 128 px for 31 epochs (the
+# floor at 20) 87.0 / 81.9% against 192 px for 10 (the floor at 10) 84.6 / 80.3% (docs/recipes.md).
 HYBRID_SIDES = (224, 192, 160, 128, 96)
-HYBRID_MIN_EPOCHS = 10
+HYBRID_MIN_EPOCHS = 20
 HYBRID_EPOCHS = 40
 HYBRID_SIDE = 160  # without a budget
 # AdamW, the pretrained stages and the new blocks alike (a bare Lite0 loop reached 86% at 5e-4 on a held-out split)

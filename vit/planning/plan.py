@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vit.model.config import ViTConfig
+from vit.model.patch_embed import patch_grid
 from vit.planning.fingerprint import Fingerprint
 from vit.planning.speed import Machine, calibrate
 
@@ -114,6 +115,12 @@ FIXED_S, EPOCH_OVERHEAD = 8.0, 1.2
 # vit/evaluation/logit_adjustment.py; kept only where a bootstrap of the validation set finds the gain beyond its
 # noise): +4.5-7 points on Fashion-MNIST-LT100, 3 seeds (docs/recipes.md).
 LONG_TAIL_BALANCE = 0.5
+# The attention-map callback's deletion measure runs 2 maps x 33 forward passes an image each time it logs: the plan
+# gives it images for at most MAP_SHARE of the training time (a forward a third of a training step an image). On the
+# hybrid at 192 px its default 32 images took ~90 s a log, 3 of the 15 minutes.
+MAP_SHARE = 0.02
+MAP_LOGS = 5
+MAP_IMAGES = 32
 
 # bf16 autocast is taken when its measured training step is this much faster than fp32's (a margin over the noise of
 # a few timed steps; it also rounds differently, so it must buy something).
@@ -335,8 +342,8 @@ class Planner:
             "model.cutmix_alpha": 1.0 if self.mixup else 0.0,
             "trainer.max_epochs": self.epochs,
             "trainer.precision": self.precision,
-            # attention maps five times a run: they cost a forward and a backward each time
-            "attention_maps.every_n_epochs": max(1, self.epochs // 5),
+            "attention_maps.every_n_epochs": max(1, self.epochs // MAP_LOGS),
+            "attention_maps.faithfulness_images": self.map_images(),
         }
         if self.fp.task == "multilabel":  # no accuracy and no softmax prior: the ranking of each label's scores
             overrides["checkpoint.monitor"] = "val/mAP"
@@ -344,6 +351,13 @@ class Planner:
             overrides["model.posthoc_logit_adjust"] = True
             overrides["checkpoint.monitor"] = "val/acc_balanced"
         return overrides
+
+    def map_images(self) -> int:
+        """Images for the maps' deletion measure: at most MAP_SHARE of the training time over the run's logs, where
+        one image costs 66 forward passes, 22 training images' time (fewer than 8 measure nothing: none)."""
+        logs = self.epochs // max(1, self.epochs // MAP_LOGS)
+        images = int(MAP_SHARE * self.epochs * self.fp.n_train / (logs * 66 / 3))
+        return min(MAP_IMAGES, images) if images >= 8 else 0
 
     def rows(self, overrides: dict[str, Any]) -> list[tuple[str, str, str]]:
         """The plan table: each decision, its value and why."""
@@ -357,7 +371,7 @@ class Planner:
         )
         gray = "grayscale" if fp.grayscale >= 0.5 else "colour"
         measured = f"{w}x{d} measured: fp32 {self.fp32_speed:.0f} img/s, bf16 {self.bf16:.0f} img/s"
-        tokens = (self.img_size // self.patch) ** 2
+        tokens = math.prod(patch_grid(self.img_size, self.patch))
         rows = [
             ("data", f"{fp.n_train} train / {fp.n_val} val, {fp.num_classes} classes",
              f"class balance {fp.balance:.2f}"),
