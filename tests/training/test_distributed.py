@@ -176,7 +176,7 @@ def test_freeze_backbone_under_ddp_trains_the_head_then_everything(tmp_path):
 
 
 def test_the_processes_a_trainer_config_runs_on_this_machine(monkeypatch):
-    from vit.commands.train import local_processes
+    from vit.training.run import local_processes
 
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)

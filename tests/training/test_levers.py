@@ -197,11 +197,11 @@ def test_the_logit_adjusted_loss_adds_tau_log_prior_to_the_training_logits_only(
     module.on_fit_start()
     module._trainer = None
     prior = torch.tensor(counts, dtype=torch.float32)
-    torch.testing.assert_close(module._log_prior, 2.0 * (prior / prior.sum()).log())
+    torch.testing.assert_close(module.losses.log_prior, 2.0 * (prior / prior.sum()).log())
     x, y = torch.randn(6, 3, 16, 16), torch.tensor([0, 1, 2, 3, 4, 5])
     module.eval()  # no dropout: the same logits twice
     with torch.no_grad():
         loss = module.training_step((x, y), 0)
         logits = module(x)
-    torch.testing.assert_close(loss, F.cross_entropy(logits + module._log_prior, y))
+    torch.testing.assert_close(loss, F.cross_entropy(logits + module.losses.log_prior, y))
     assert not torch.allclose(loss, F.cross_entropy(logits, y))

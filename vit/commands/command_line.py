@@ -3,6 +3,7 @@
 main job (or your folder), config paths name the packaged configs, and a field that moved is named."""
 
 import argparse
+import logging
 import re
 import sys
 from collections.abc import Sequence
@@ -87,3 +88,23 @@ def moved_field_hint(message: str) -> str:
         if key in ViTConfig.fields() and f"arch.{key}" not in message:
             return f" (architecture fields moved: model.{key} is now model.arch.{key})"
     return ""
+
+
+def root_cause(e: BaseException) -> BaseException:
+    """The innermost ValueError of a chain: jsonargparse wraps ours in a multi-line Union report."""
+    inner = e
+    while (nxt := inner.__cause__ or inner.__context__) is not None and isinstance(nxt, ValueError):
+        inner = nxt
+    return inner
+
+
+def quiet_lightning() -> None:
+    """Lightning's start-up advertisements ("💡 Tip: ... litlogger / litmodels") are not ours to print."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(getattr(f, "__name__", "") == "_no_tips" for f in logger.filters):
+            logger.addFilter(_no_tips)
+
+
+def _no_tips(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("💡")

@@ -12,43 +12,47 @@ every epoch, last-step.ckpt every `--checkpoint_every_n_steps` steps or else eve
 TensorBoard logs to logs/<run>/version_<n>/. Resuming (`--ckpt_path last`) continues in the same folders.
 """
 
-import logging
-import os
 import sys
 import time
 import warnings
 from collections.abc import Sequence
-from datetime import timedelta
-from pathlib import Path
 
 import lightning as L
-import torch
 from jsonargparse import ArgumentError, set_parsing_settings
 from lightning.fabric.utilities.seed import seed_everything
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-from vit.commands.command_line import UsageError, moved_field_hint, normalize_args
+from vit.commands.command_line import UsageError, moved_field_hint, normalize_args, quiet_lightning, root_cause
 from vit.data.base import ImageClassificationData
-from vit.data.folder import default_memory_budget_gb
-from vit.data.listing import write_split
-from vit.data.sources import public_class_path
 from vit.data.transforms import DataError
 from vit.evaluation.after_fit import after_fit_lines
+from vit.evaluation.label_issues import label_issue_finder
 from vit.evaluation.map_callback import AttentionMapCallback
 from vit.model.checkpoint import CheckpointError, load_checkpoint
 from vit.planning.estimate import RunEstimate
 from vit.planning.fine_tune import apply_weights
-from vit.planning.plan import FIXED_S
-from vit.planning.planned_run import FitBudget, apply_plan, explicit_keys, is_explicit, plan_yaml
+from vit.planning.planned_run import (
+    add_plan_arguments,
+    apply_plan,
+    explicit_keys,
+    is_explicit,
+    keep_plan_and_budget,
+    plan_yaml,
+)
 from vit.planning.precision import ViTTrainer, apply_precision
-from vit.training.callbacks import DataRecord, plain_data_config
 from vit.training.checkpoint_io import AtomicCheckpointIO
 from vit.training.module import NonFiniteLossError, ViTClassifier
-from vit.training.run_folders import checkpoint_folder, newest_last_checkpoint, run_files_folder, version_of
-from vit.training.timed_checkpoint import TimedCheckpoint
+from vit.training.run import (
+    add_run_arguments,
+    best_checkpoint_lines,
+    callbacks_to_keep,
+    prepare_checkpoints,
+    resume_target,
+    share_memory_budget,
+)
+from vit.training.run_folders import run_files_folder
 
 # Facts about the data that the model must agree with: taken from the DataModule, never typed twice.
 LINKED = {
@@ -64,58 +68,8 @@ LINKED = {
 
 class ViTCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults(
-            {
-                "checkpoint.monitor": "val/acc",
-                "checkpoint.mode": "max",
-                "checkpoint.save_last": False,  # see last_checkpoint
-                # No "val/acc" inside the name: the slash would make a sub-folder.
-                "checkpoint.filename": "best-epoch{epoch:03d}",
-                "checkpoint.auto_insert_metric_name": False,
-            }
-        )
-        # Lightning 2.6 writes `save_last` only when the monitored checkpoint was saved in the same step, so a
-        # `last.ckpt` would lag behind whenever val/acc did not improve. A second callback with no monitor keeps
-        # exactly one checkpoint, the latest, every epoch.
-        parser.add_lightning_class_args(ModelCheckpoint, "last_checkpoint")
-        parser.set_defaults(
-            {
-                "last_checkpoint.filename": "last",
-                "last_checkpoint.monitor": None,
-                "last_checkpoint.save_top_k": 1,
-                "last_checkpoint.enable_version_counter": False,
-            }
-        )
-        parser.add_argument(
-            "--checkpoint_every_n_steps",
-            type=int | None,
-            default=None,
-            help="also write last-step.ckpt every N training steps (default: every 5 minutes of training)",
-        )
-        parser.add_argument(
-            "--plan",
-            type=bool,
-            default=False,
-            help="plan the recipe from the data (a folder, CIFAR, torch/NAME or litdata chunks), this machine and "
-            "--budget (vit/planning/plan.py); configs/folder.yaml turns it on; any field you set wins over the plan",
-        )
-        parser.add_argument(
-            "--budget",
-            type=str | None,
-            default=None,
-            help="wall time of a planned run from start to exit, e.g. 300s, 5min, 1.5h: the plan picks the model and "
-            "the epochs so that the whole learning-rate schedule finishes in it",
-        )
-        parser.add_argument(
-            "--find_label_issues",
-            type=bool,
-            default=False,
-            help="for a folder: write label_issues.csv beside the logs, the training files whose label looks wrong "
-            "(the run's training dynamics ranked by cleanlab; vit/evaluation/label_issues.py)",
-        )
-        parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
-        parser.set_defaults({"lr_monitor.logging_interval": "step"})
+        add_run_arguments(parser)  # checkpoints, last.ckpt, last-step.ckpt, label issues, the learning-rate monitor
+        add_plan_arguments(parser)  # --plan, --budget
         parser.add_lightning_class_args(AttentionMapCallback, "attention_maps")  # on in every config
         for field, target in LINKED.items():
             parser.link_arguments(f"data.{field}", target, apply_on="instantiate")
@@ -182,172 +136,44 @@ class ViTCLI(LightningCLI):
         return super().instantiate_trainer(plugins=[AtomicCheckpointIO()], **kwargs)
 
     def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
-        """Leave out the callbacks whose need a flag turned off, as Lightning leaves out its own: with no logger the
-        learning-rate monitor, the attention maps and the saved config.yaml (it would land in the working folder);
-        with `enable_checkpointing false` every ModelCheckpoint; with `attention_maps.every_n_epochs 0` the maps."""
-        logger = config.get("logger")
-        no_logger = logger is False or logger is None or logger == []
-        keep = []
-        for cb in callbacks:
-            if no_logger and isinstance(cb, (LearningRateMonitor, AttentionMapCallback)):
-                continue
-            if config.get("enable_checkpointing") is False and isinstance(cb, ModelCheckpoint):
-                continue
-            if isinstance(cb, AttentionMapCallback) and cb.every_n_epochs == 0:
-                continue
-            keep.append(cb)
-        if no_logger:
+        keep, no_logger = callbacks_to_keep(config, callbacks, needs_logger=(AttentionMapCallback,))
+        if no_logger:  # the saved config.yaml would land in the working folder
             self.save_config_callback = None
         return super()._instantiate_trainer(config, keep)
 
     def before_fit(self) -> None:
-        config = self.config[self.subcommand]
-        every = config.get("checkpoint_every_n_steps")
-        if every is not None and every < 1:
-            raise UsageError(f"error: checkpoint_every_n_steps={every} must be >= 1")
-        # Mid-epoch checkpoints bound the work a kill can cost: by steps when asked, else by wall time.
-        step_ckpt = dict(filename="last-step", monitor=None, save_top_k=1, enable_version_counter=False)
-        step_ckpt = (
-            ModelCheckpoint(every_n_train_steps=every, **step_ckpt)
-            if every
-            else TimedCheckpoint(timedelta(minutes=5), **step_ckpt)  # no broadcast per step, unlike Lightning's
-        )
-        if self.trainer.checkpoint_callbacks:  # none with --trainer.enable_checkpointing false
-            self.trainer.callbacks.append(step_ckpt)
-            self.trainer.callbacks.append(DataRecord(plain_data_config(config.get("data"))))
-        self._resume_in_place(config)
-        if self.trainer.strategy.root_device.type == "cuda":
-            torch.set_float32_matmul_precision("high")  # TF32 matmuls for fp32 on Ampere and newer
-        logger = self.trainer.logger
-        folder = checkpoint_folder(self.trainer.default_root_dir, logger)  # a dirpath you gave is kept
-        for cb in self.trainer.checkpoint_callbacks:
-            if cb.dirpath is None:
-                cb.dirpath = str(folder.resolve())
-            if cb.monitor == "val/acc" and getattr(self.datamodule, "task", None) == "multilabel":
-                cb.monitor = "val/mAP"  # several labels an image: no accuracy; the ranking of each label's scores
-        if logger and self.trainer.is_global_zero and getattr(self.datamodule, "samples", None):
-            # which file went to which split: the validation split is made here, seeded (the same on resume)
-            dm = self.datamodule
-            write_split(Path(logger.log_dir, "split.csv"), dm.root, dm.samples, dm.listing)
-        if config.get("find_label_issues"):
-            from vit.evaluation.label_issues import label_issue_finder
-
-            folder = run_files_folder(logger, self.trainer.checkpoint_callbacks)
-            try:
-                self.trainer.callbacks.append(label_issue_finder(self.datamodule, folder))
-            except ValueError as e:
-                raise UsageError(f"error: {e}") from None
+        config, trainer = self.config[self.subcommand], self.trainer
+        try:
+            if (ckpt := resume_target(config.get("ckpt_path"), trainer)) is not None:
+                self.config_init[self.subcommand]["ckpt_path"] = ckpt
+            prepare_checkpoints(trainer, self.datamodule, config)
+            folder = None  # beside the logs, else the checkpoints; asked only when a file goes there
+            if config.get("find_label_issues") or self._plan is not None:
+                folder = run_files_folder(trainer.logger, trainer.checkpoint_callbacks)
+            if config.get("find_label_issues"):
+                trainer.callbacks.append(label_issue_finder(self.datamodule, folder))
+        except ValueError as e:
+            raise UsageError(f"error: {e}") from None
         if self._plan is not None:
-            self._save_plan_and_keep_budget(logger)
-        self.trainer.callbacks.append(RunEstimate())  # say early how long it will take here, and again if that changes
+            plan, deadline = self._plan
+            explicit = explicit_keys(self._argv, [str(p) for p in (config.get("config") or [])])
+            keep_plan_and_budget(trainer, plan, deadline, folder,
+                                 yaml_of=lambda epochs: plan_yaml(self._parser("fit"), config, epochs, plan),
+                                 budget_owned=not is_explicit("trainer.max_epochs", explicit))  # fmt: skip
+        trainer.callbacks.append(RunEstimate())  # say early how long it will take here, and again if that changes
         self._start = time.perf_counter()
-
-    def _save_plan_and_keep_budget(self, logger) -> None:
-        plan, deadline = self._plan
-        parser, config = self._parser("fit"), self.config.fit
-        folder = run_files_folder(logger, self.trainer.checkpoint_callbacks)  # with neither: printed only
-        out = Path(folder, "plan.yaml") if folder else None
-
-        def save(max_epochs: int) -> None:
-            if self.trainer.is_global_zero and out is not None:
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(plan_yaml(parser, config, max_epochs, plan))
-
-        save(self.trainer.max_epochs)
-        if out is not None:
-            rank_zero_info(f"plan saved: {out} (vit-train fit --config {out} repeats this run)")
-        explicit = explicit_keys(self._argv, [str(p) for p in (config.get("config") or [])])
-        if deadline is not None and not is_explicit("trainer.max_epochs", explicit):
-            teardown_s = FIXED_S / 2 + plan.after_fit_s  # the passes after fit are inside the budget too
-            self.trainer.callbacks.append(FitBudget(deadline, cap=plan.cap, on_change=save, teardown_s=teardown_s))
-
-    def _resume_in_place(self, config) -> None:
-        """`--ckpt_path last`: the newest last*.ckpt of this run name; and for a checkpoint of checkpoints/<name>/
-        version_<n>/, logs and new checkpoints continue in version_<n>."""
-        ckpt, logger = config.get("ckpt_path"), self.trainer.logger
-        if not ckpt or logger is None:
-            return
-        if ckpt == "last":
-            found, runs = newest_last_checkpoint(self.trainer.default_root_dir, logger.name)
-            if found is None:
-                raise UsageError(f"error: --ckpt_path last: no last*.ckpt under {runs}/ to resume from")
-            ckpt = str(found)
-            self.config_init[self.subcommand]["ckpt_path"] = ckpt
-        if (version := version_of(ckpt, logger.name)) is not None:
-            logger._version = version  # before anything asks the logger for its folder
 
     def after_fit(self) -> None:
         if not self.trainer.is_global_zero:
             return
-        cbs = self.trainer.checkpoint_callbacks
-        cb = next((c for c in cbs if c.monitor), None)
-        last = next((c for c in cbs if c.monitor is None and c.filename == "last"), None)
-        took = f"after {time.perf_counter() - self._start:.0f} s"
-        if cb is not None and cb.best_model_path:
-            score = cb.best_model_score
-            if score is None:  # ddp_spawn hands the best path back to the launcher, not its score: read it there
-                score = load_checkpoint(cb.best_model_path)["callbacks"]
-                score = next(v["best_model_score"] for k, v in score.items() if "ModelCheckpoint" in k and v["monitor"])
-            print(
-                f"\nbest {cb.monitor} {float(score):.4f} {took}\ncheckpoint: {cb.best_model_path}"
-                + (f"\nlast:       {last.best_model_path}" if last is not None else "")
-            )
-        elif (acc := self.trainer.callback_metrics.get("val/acc")) is not None:
-            print(f"\nval/acc {float(acc):.4f} (last epoch) {took}; no checkpoint written")
-        saved = [c.best_model_path for c in (cb, last) if c is not None and c.best_model_path]
-        if not saved:
-            return
-        tb = next((lg for lg in self.trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
-        device, step = self.trainer.strategy.root_device, self.trainer.global_step
-        for line in after_fit_lines(saved, self.datamodule, self.model.hparams, device, tb, step):
-            print(line)
-
-
-def local_processes(trainer) -> int:
-    """How many training processes this machine will run for a Trainer config (devices: N, a list, "auto", -1)."""
-    if os.environ.get("LOCAL_WORLD_SIZE", "").isdigit():  # torchrun
-        return int(os.environ["LOCAL_WORLD_SIZE"])
-    devices, accelerator = trainer.get("devices", "auto"), str(trainer.get("accelerator", "auto"))
-    if isinstance(devices, (list, tuple)):
-        return len(devices)
-    if str(devices).lstrip("-").isdigit() and int(devices) > 0:
-        return int(devices)
-    gpus = torch.cuda.device_count() if accelerator in ("auto", "gpu", "cuda") else 0
-    return max(1, gpus)  # "auto" and -1: every GPU, or one CPU process
-
-
-def share_memory_budget(config) -> None:
-    """Under DDP every process of a machine decodes and holds its own copy of an in-memory folder: the default
-    budget (a quarter of the RAM) is shared among them, unless --data.init_args.max_memory_gb says otherwise."""
-    data = config.get("data") or {}
-    if (
-        public_class_path(data.get("class_path")) != "vit.data.ImageFolderDataModule"
-        or data.init_args.get("max_memory_gb") is not None
-    ):
-        return
-    n = local_processes(config.get("trainer") or {})
-    if n > 1:
-        data.init_args.max_memory_gb = round(default_memory_budget_gb() / n, 2)
-
-
-def root_cause(e: BaseException) -> BaseException:
-    """The innermost ValueError of a chain: jsonargparse wraps ours in a multi-line Union report."""
-    inner = e
-    while (nxt := inner.__cause__ or inner.__context__) is not None and isinstance(nxt, ValueError):
-        inner = nxt
-    return inner
-
-
-def quiet_lightning() -> None:
-    """Lightning's start-up advertisements ("💡 Tip: ... litlogger / litmodels") are not ours to print."""
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logger = logging.getLogger(name)
-        if not any(getattr(f, "__name__", "") == "_no_tips" for f in logger.filters):
-            logger.addFilter(_no_tips)
-
-
-def _no_tips(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith("💡")
+        text, saved = best_checkpoint_lines(self.trainer, self._start)
+        if text:
+            print(text)
+        if saved:  # calibration, logit adjustment, the unknown record, the test split: vit/evaluation/after_fit.py
+            tb = next((lg for lg in self.trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+            device, step = self.trainer.strategy.root_device, self.trainer.global_step
+            for line in after_fit_lines(saved, self.datamodule, self.model.hparams, device, tb, step):
+                print(line)
 
 
 def main(args: Sequence[str] | None = None) -> ViTCLI:

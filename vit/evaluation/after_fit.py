@@ -18,6 +18,7 @@ from vit.evaluation.map_callback import add_png
 from vit.evaluation.report import confusion_figure, figure_pixels
 from vit.evaluation.scores import balanced_accuracy
 from vit.evaluation.unknown import ACCEPT, features_of, rejection_record
+from vit.model.checkpoint import unknown_of
 
 # The training images read for the rejection statistics after fit: at most TRAIN_IMAGES, an equal share of each class
 # (vit/data/base.py by_class_sample), and no more than the run trained on (at least TRAIN_FLOOR): their class means and
@@ -292,4 +293,7 @@ def _unknown_record(model, train, dm: ImageClassificationData, device: torch.dev
     """One model's rejection record (vit.evaluation.unknown.rejection_record) from its outputs on the training images
     (no augmentation; none for a stream) and on the validation images `val` (features_of's four)."""
     outputs = features_of(model, train, device) if train is not None else None
-    return rejection_record(outputs, val, list(dm.class_names))
+    record = rejection_record(outputs, val, list(dm.class_names))
+    # written only as every reader checks it (vit/model/checkpoint.py unknown_of): a wrong shape fails here, at fit
+    unknown_of({"unknown": record}, "the rejection record made after fit", model.cfg)
+    return record

@@ -6,9 +6,9 @@ saved.
     vit-train --budget 30min                         # CIFAR-10 (configs/cifar10.yaml's data, a planned recipe)
     vit-train --config configs/mnist.yaml --data.init_args.dataset torch/fashion_mnist --budget 5min
 
-vit/commands/train.py calls `apply_plan` before anything is built (a folder is decoded once, at the planned size),
-adds the `FitBudget` callback, and writes <run>/plan.yaml: the complete config, `plan: false`, so that
-`vit-train fit --config <run>/plan.yaml` trains the same run again without planning.
+vit/commands/train.py calls `apply_plan` before anything is built (a folder is decoded once, at the planned size), then
+`keep_plan_and_budget`, which adds the `FitBudget` callback and writes <run>/plan.yaml: the complete config,
+`plan: false`, so that `vit-train fit --config <run>/plan.yaml` trains the same run again without planning.
 """
 
 from __future__ import annotations
@@ -145,6 +145,24 @@ def apply_plan(
     return plan, deadline
 
 
+def add_plan_arguments(parser) -> None:
+    """vit-train's --plan and --budget."""
+    parser.add_argument(
+        "--plan",
+        type=bool,
+        default=False,
+        help="plan the recipe from the data (a folder, CIFAR, torch/NAME or litdata chunks), this machine and "
+        "--budget (vit/planning/plan.py); configs/folder.yaml turns it on; any field you set wins over the plan",
+    )
+    parser.add_argument(
+        "--budget",
+        type=str | None,
+        default=None,
+        help="wall time of a planned run from start to exit, e.g. 300s, 5min, 1.5h: the plan picks the model and "
+        "the epochs so that the whole learning-rate schedule finishes in it",
+    )
+
+
 def plan_yaml(parser, config, max_epochs: int, plan: Plan) -> str:
     """The complete config of this run with the plan's choices written in, `plan: false` and no budget: training
     from it repeats the run without planning."""
@@ -156,6 +174,26 @@ def plan_yaml(parser, config, max_epochs: int, plan: Plan) -> str:
     header = "# Planned by vit/planning/plan.py; `vit-train fit --config THIS_FILE` repeats the run without planning.\n"
     header += "".join(f"# {line}\n" for line in plan.table().splitlines())
     return header + parser.dump(cfg, skip_none=False)
+
+
+def keep_plan_and_budget(trainer: L.Trainer, plan: Plan, deadline: float | None, folder: Path | None, *, yaml_of,
+                         budget_owned: bool) -> None:  # fmt: skip
+    """Before a planned fit: plan.yaml in `folder` (written again when FitBudget changes the epochs; `yaml_of(epochs)`
+    is its text) and, with a deadline and epochs that are the plan's (`budget_owned`), the FitBudget callback, whose
+    teardown counts the passes after fit (inside the budget too)."""
+    out = Path(folder, "plan.yaml") if folder else None
+
+    def save(max_epochs: int) -> None:
+        if trainer.is_global_zero and out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(yaml_of(max_epochs))
+
+    save(trainer.max_epochs)
+    if out is not None:
+        rank_zero_info(f"plan saved: {out} (vit-train fit --config {out} repeats this run)")
+    if deadline is not None and budget_owned:
+        teardown_s = FIXED_S / 2 + plan.after_fit_s
+        trainer.callbacks.append(FitBudget(deadline, cap=plan.cap, on_change=save, teardown_s=teardown_s))
 
 
 class FitBudget(L.Callback):

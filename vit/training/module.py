@@ -12,8 +12,6 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
-from timm.data import Mixup
-from timm.loss import SoftTargetCrossEntropy
 from torch.nn.utils import clip_grad_value_, clip_grads_with_norm_, get_total_norm
 
 from vit.data.device import IGNORE
@@ -23,14 +21,14 @@ from vit.model.start_weights import forget_weight_files, load_start_weights
 from vit.model.vision_transformer import VisionTransformer
 from vit.training.arguments import check_arguments
 from vit.training.drloc import RelativeLocalization
+from vit.training.losses import LossTerms
 from vit.training.metrics import ConfusionCounts, TopKAccuracy, expert_usage_histograms
-from vit.training.mixing import mix_soft
 from vit.training.multilabel import multilabel_loss, multilabel_metrics
 from vit.training.nonfinite import NonFiniteGuard, NonFiniteLossError, supports_found_inf
 from vit.training.optim import MuonWithAdamW, decay_groups, grads_of, params_with_grads, split_for_muon
 from vit.training.rng import restore_rng_states, rng_states
 from vit.training.schedules import lr_factor, schedule_warmup, train_side
-from vit.training.teacher import LocalityGuidance, TeacherFit, hard_distillation
+from vit.training.teacher import LocalityGuidance, TeacherFit
 
 
 class ViTClassifier(L.LightningModule):
@@ -151,11 +149,9 @@ class ViTClassifier(L.LightningModule):
         # DRLoc's MLP and locality guidance's maps: trained beside the ViT (drloc.*, guidance.*), never exported
         self.drloc = RelativeLocalization(arch.embed_dim) if drloc_weight > 0 else None
         self.guidance = LocalityGuidance.of(teacher, arch) if guidance_weight > 0 else None
-        self.mixup = None  # timm's Mixup/CutMix on the batch, and the loss of its soft targets
-        if mixup_alpha > 0 or cutmix_alpha > 0:
-            self.mixup = Mixup(mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, prob=mixup_prob,
-                               label_smoothing=label_smoothing, num_classes=arch.num_classes)  # fmt: skip
-            self.soft_ce = SoftTargetCrossEntropy()
+        self.losses = LossTerms(num_classes=arch.num_classes, task=task, label_smoothing=label_smoothing,
+                                mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, mixup_prob=mixup_prob,
+                                distill_weight=distill_weight, moe_aux_weight=moe_aux_weight)  # fmt: skip
         self._add_metrics(arch.num_classes)
         if task == "multilabel":
             self.val_multi, self.test_multi = multilabel_metrics(arch.num_classes), multilabel_metrics(arch.num_classes)
@@ -166,7 +162,6 @@ class ViTClassifier(L.LightningModule):
         self._guard, self._guard_on_device, self._skipped = NonFiniteGuard(), False, 0
         self._grad_norm: torch.Tensor | None = None  # () of this step's gradients, set in on_before_optimizer_step
         self._frozen: list[torch.nn.Parameter] = []  # backbone parameters whose gradients a DDP step drops
-        self._log_prior: torch.Tensor | None = None  # (C,) tau * log(class shares), set in on_fit_start
         # The frozen teacher, set by TeacherFit; in __dict__, outside the module tree: not in the state dict, not
         # moved by .to(), not seen by the optimizer
         self.__dict__["teacher"] = None
@@ -217,8 +212,7 @@ class ViTClassifier(L.LightningModule):
             return logits, 0.0, None if teacher_logits is None else (logits, teacher_logits)
         taps = [] if maps is not None else None  # each block's tokens (B, prefix + N, D)
         tokens = self.model.forward_features(x, taps)  # (B, prefix + N, D)
-        p, prefix = self.model.cfg.patch_size, self.model.num_prefix_tokens
-        grid = (x.shape[-2] // p, x.shape[-1] // p)
+        grid, prefix = self.model.patch_embed.grid(x), self.model.num_prefix_tokens
         aux = self.hparams.drloc_weight * self.drloc(tokens[:, prefix:], grid) if self.drloc is not None else 0.0
         if maps is not None:
             aux = aux + self.hparams.guidance_weight * self.guidance([t[:, prefix:] for t in taps], maps, grid)
@@ -238,31 +232,19 @@ class ViTClassifier(L.LightningModule):
         side = getattr(self, "_train_side", None)
         if side is not None and side != x.shape[-1]:  # progressive resizing: (B, C, H, W) -> (B, C, side, side)
             x = F.interpolate(x, size=(side, side), mode="bilinear", antialias=True, align_corners=False)
-        prior = self._log_prior if self._log_prior is not None else 0.0  # (C,) logit adjustment, or none
-        soft = y.is_floating_point()  # (B, C) class probabilities (soft labels) or labels (multi-label), else (B,)
-        multi = self.hparams.get("task") == "multilabel"
-        if self.mixup is not None and len(x) % 2 == 0:  # timm's Mixup pairs images: it needs an even batch
-            x, y_soft = mix_soft(self.mixup, x, y) if soft else self.mixup(x, y)
-            logits, aux, distill = self.forward_train(x)
-            loss = multilabel_loss(logits, y_soft) if multi else self.soft_ce(logits + prior, y_soft)
-            loss = hard_distillation(loss, distill, self.hparams.distill_weight) + aux
-        elif multi:
-            logits, aux, _ = self.forward_train(x)
-            loss = multilabel_loss(logits, y) + aux
-        else:
-            logits, aux, distill = self.forward_train(x)
-            # cross_entropy takes class indices or probabilities alike (label smoothing applies to both)
-            loss = F.cross_entropy(logits + prior, y, label_smoothing=self.hparams.label_smoothing)
-            loss = hard_distillation(loss, distill, self.hparams.distill_weight) + aux
-            # update only: one log of the epoch's accuracy in on_train_epoch_end instead of a self.log per step
-            # (each costs Lightning an apply_to_collection over the metric), and no per-batch compute
-            self.train_acc.update(logits.detach(), y.argmax(-1) if soft else y)
+        x, target, mixed = self.losses.mix(x, y)
+        logits, aux, distill = self.forward_train(x)
+        moe_aux = None
         if self._moe_layers:  # load balancing across experts, weighted into the loss
-            aux = torch.stack([m.aux_loss for m in self._moe_layers]).sum()
-            loss = loss + self.hparams.moe_aux_weight * aux
-            self.log("train/moe_aux_loss", aux)
+            moe_aux = torch.stack([m.aux_loss for m in self._moe_layers]).sum()
+            self.log("train/moe_aux_loss", moe_aux)
             counts = torch.stack([m.expert_counts for m in self._moe_layers])  # (blocks, E) on the device
             self._expert_counts = self._expert_counts.to(counts.device) + counts
+        loss = self.losses(logits, target, mixed=mixed, distill=distill, aux=aux, moe_aux=moe_aux)
+        if not mixed and self.hparams.get("task") != "multilabel":
+            # update only: one log of the epoch's accuracy in on_train_epoch_end instead of a self.log per step
+            # (each costs Lightning an apply_to_collection over the metric), and no per-batch compute
+            self.train_acc.update(logits.detach(), y.argmax(-1) if y.is_floating_point() else y)
         if self._guard_on_device:  # checked on the device before the update (on_before_optimizer_step)
             self._guard.on_loss(loss, self.global_step, self.current_epoch, batch_idx)
         elif not torch.isfinite(loss):  # an optimizer without `found_inf`: a host check (a sync) per step
@@ -364,8 +346,7 @@ class ViTClassifier(L.LightningModule):
                 raise ValueError(
                     "logit_adjust_tau needs the training set's class counts, which this data does not give"
                 )
-            shares = torch.tensor(counts, dtype=torch.float32).clamp(min=1)
-            self._log_prior = (tau * (shares / shares.sum()).log()).to(self.device)
+            self.losses.set_prior(counts, tau, self.device)
 
     def on_train_start(self) -> None:
         self._guard_on_device = supports_found_inf(self.optimizers(use_pl_optimizer=False))
