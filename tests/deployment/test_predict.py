@@ -92,6 +92,26 @@ def test_json_for_a_folder_with_good_and_bad_images(ckpt, images, capsys):
     assert len(records) == len(good) + len(reasons)
 
 
+def test_classify_pil_images_in_memory_as_vit_predict_does_their_files(ckpt, images, capsys):
+    """The README's Python example: load_model, then classify PIL images: the same records as the command's."""
+    from vit.deployment.predict import classify
+
+    names = ["rgb.jpg", "gray.png", "rgba.png", "palette.png", "cmyk.jpg"]
+    files = [images / "good" / n for n in names]
+    code, out, _ = _run(capsys, "--ckpt", ckpt, "--format", "json", "--topk", "3", *files)
+    assert code == 0
+    expected = [{"predictions": r["predictions"], "unknown": r["unknown"]} for r in json.loads(out)]
+    model, hparams = load_model(ckpt)
+    got = classify(model, [Image.open(f) for f in files], hparams, topk=3)
+    assert [[p["label"] for p in r["predictions"]] for r in got] == [
+        [p["label"] for p in r["predictions"]] for r in expected
+    ]
+    for g, e in zip(got, expected):
+        assert g["unknown"] == e["unknown"] and isinstance(g["unknown"], bool)
+        np.testing.assert_allclose([p["prob"] for p in g["predictions"]], [p["prob"] for p in e["predictions"]],
+                                   atol=1e-5)  # fmt: skip
+
+
 def test_table_and_csv(ckpt, images, tmp_path, capsys):
     code, out, _ = _run(capsys, "--ckpt", ckpt, "--topk", "2", images / "good")
     lines = out.splitlines()

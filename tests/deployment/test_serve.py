@@ -481,6 +481,7 @@ def test_an_int8_onnx_export_serves_vit_predicts_answers_without_maps(smoke_onnx
     onnx = quantize_int8(smoke_onnx, tmp_path / "m-int8.onnx")
     spec = json.loads(Path(f"{smoke_onnx}.json").read_text())
     Path(f"{onnx}.json").write_text(json.dumps({**spec, "quantized": "int8"}))
+    shutil.copy(Path(smoke_onnx).parent / spec["unknown"]["stats_file"], tmp_path)  # the statistics it names
     assert predict_main(["--onnx", str(onnx), "--format", "json", "--topk", "3", *map(str, images[:4])]) == 0
     expected = json.loads(capsys.readouterr().out)
     server = cmd.build_server(cmd.build_parser().parse_args(["--onnx", str(onnx)]))

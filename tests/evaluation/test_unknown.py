@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from safetensors.torch import load_file
 
 from vit.commands.eval import main as eval_main
 from vit.commands.export import main as export_main
@@ -329,6 +330,35 @@ def test_fit_stores_a_threshold_that_accepts_95_percent_of_validation(smoke_run,
     assert "--ood: score" in capsys.readouterr().out
 
 
+def test_the_onnx_statistics_are_float32_beside_the_model_and_an_older_json_sidecar_still_loads(smoke_onnx, tmp_path):
+    """The rejection statistics in `<model>.unknown.safetensors`: the file is the size of the float32 tensors (the
+    JSON lists it replaces were ~4x that); a sidecar with the lists inside (older exports) gives the same record; a
+    missing statistics file is one line naming it."""
+    from vit.deployment.onnx_model import OnnxError, load_onnx
+
+    meta = json.loads(Path(f"{smoke_onnx}.json").read_text())
+    stats_path = Path(smoke_onnx).parent / meta["unknown"]["stats_file"]
+    stats = load_file(str(stats_path))
+    payload = sum(t.numel() * 4 for t in stats.values())
+    assert payload > 0 and stats_path.stat().st_size <= payload + 4096  # the tensors and a small header
+    assert Path(f"{smoke_onnx}.json").stat().st_size < 50_000  # preprocessing and thresholds only
+    _, new = load_onnx(smoke_onnx)
+    old = tmp_path / "old.onnx"  # an export as older versions wrote it: the statistics as JSON lists
+    shutil.copy(smoke_onnx, old)
+    legacy = {**meta["unknown"], "stats": {k: t.tolist() for k, t in stats.items()}}
+    del legacy["stats_file"]
+    Path(f"{old}.json").write_text(json.dumps({**meta, "unknown": legacy}))
+    _, got = load_onnx(old)
+    assert set(got["unknown"]["stats"]) == set(new["unknown"]["stats"])
+    for k, t in new["unknown"]["stats"].items():
+        torch.testing.assert_close(got["unknown"]["stats"][k], t)
+    moved = tmp_path / "moved.onnx"  # the model and its JSON without the statistics file
+    shutil.copy(smoke_onnx, moved)
+    shutil.copy(f"{smoke_onnx}.json", f"{moved}.json")
+    with pytest.raises(OnnxError, match=rf"no {stats_path.name} beside it"):
+        load_onnx(moved)
+
+
 def test_predict_and_the_onnx_export_say_unknown_alike(smoke_ckpt, smoke_onnx, tmp_path, capsys):
     noise = _noise_folder(tmp_path / "noise")
     files = sorted(map(str, noise.glob("*.png")))
@@ -340,7 +370,9 @@ def test_predict_and_the_onnx_export_say_unknown_alike(smoke_ckpt, smoke_onnx, t
     record = hp["unknown"]
     sidecar = json.loads(Path(f"{smoke_onnx}.json").read_text())["unknown"]  # vit-export's (the session's)
     assert sidecar["score"] == record["score"] and sidecar["threshold"] == record["threshold"]
-    assert set(sidecar["stats"]) == {
+    assert "stats" not in sidecar and sidecar["stats_file"] == f"{Path(smoke_onnx).name}.unknown.safetensors"
+    stats = load_file(str(Path(smoke_onnx).parent / sidecar["stats_file"]))  # float32, beside the model
+    assert set(stats) == {
         "means",
         "block_means",
         "class_precision",
@@ -351,7 +383,8 @@ def test_predict_and_the_onnx_export_say_unknown_alike(smoke_ckpt, smoke_onnx, t
         "input_precision",
     }  # the default's three parts' only
     assert sidecar["fusion"] == record["fusion"] and sidecar["class_thresholds"] == record["class_thresholds"]
-    assert np.allclose(sidecar["stats"]["class_precision"], record["stats"]["class_precision"].numpy())
+    assert np.allclose(stats["class_precision"].numpy(), record["stats"]["class_precision"].numpy())
+    assert all(t.dtype == torch.float32 for t in stats.values())
     capsys.readouterr()
     assert predict_main(["--onnx", str(smoke_onnx), "--format", "json", *files]) == 0
     assert [r["unknown"] for r in json.loads(capsys.readouterr().out)] == torch_answers

@@ -8,22 +8,22 @@ or as timm weights.
 The graph holds the model alone: input `images` (B, in_chans, img_size, img_size) float32, already preprocessed;
 outputs `logits` (B, num_classes) and `features` (B, depth + 1, embed_dim: the pooled tokens after the patch
 embedding and every block, which the rejection of unknown images reads). `<out>.json` beside it holds img_size,
-in_chans, mean, std, class_names, the rejection's statistics and every preprocessing step from an image file to
-that input (vit.data.images.preprocess_spec): what another runtime needs to feed it and get vit-predict's answers
-(`vit-predict --onnx FILE` runs it). `--quantize int8`: the matrix products in int8 (ONNX Runtime's dynamic
+in_chans, mean, std, class_names, the rejection's score and threshold, and every preprocessing step from an image file
+to that input (vit.data.images.preprocess_spec): what another runtime needs to feed it and get vit-predict's answers
+(`vit-predict --onnx FILE` runs it); `<out>.unknown.safetensors` the rejection's statistics (float32), when the
+checkpoint has a rejection record. `--quantize int8`: the matrix products in int8 (ONNX Runtime's dynamic
 quantization), for CPUs. `--format timm` writes a folder in timm's Hugging Face layout:
 model.safetensors and a config.json whose model_args build `timm.models.VisionTransformer(**model_args)` with the
 same logits, and whose pretrained_cfg holds the mean, std and input size.
 """
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 from vit.commands.command_line import model_flags
-from vit.deployment.export import export, export_timm, quantize_int8, sidecar
+from vit.deployment.export import export, export_timm, quantize_int8, write_sidecar
 from vit.model.checkpoint import load_model_or_report
 from vit.model.interop import InteropError
 
@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             out = quantize_int8(fp32, args.out)
     else:
         out = export(model, args.format, args.out, hp["img_size"], hp["in_chans"], args.opset)
-    Path(f"{out}.json").write_text(json.dumps({**sidecar(hp), "quantized": args.quantize}, indent=2) + "\n")
-    print(f"wrote {out} and {out}.json")
+    written = write_sidecar(out, hp, quantized=args.quantize)
+    print(f"wrote {out}, " + " and ".join(map(str, written)))
     return 0
 
 

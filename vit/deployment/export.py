@@ -2,7 +2,8 @@
 
     export(model, "onnx", "vit.onnx", img_size=32)     # the graph: (B, C, S, S) float32 -> logits, pooled features
     quantize_int8("vit.onnx", "vit-int8.onnx")         # its matrix products in int8, for CPUs
-    sidecar(hparams)                                  # img_size, mean, std, class_names, the preprocessing steps
+    write_sidecar("vit.onnx", hparams)                 # vit.onnx.json: img_size, mean, std, class_names, the
+                                                       # preprocessing steps; vit.onnx.unknown.safetensors: rejection
     export_timm(model, hparams, "vit_timm/")          # model.safetensors + config.json, timm's Hugging Face layout
 
 The command is vit/commands/export.py (`vit-export`).
@@ -12,6 +13,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from vit.data.images import preprocess_spec
 from vit.evaluation.unknown import pooled_features
@@ -78,7 +80,7 @@ def quantize_int8(fp32: str | Path, out: str | Path) -> Path:
     return out
 
 
-def sidecar(hparams: dict) -> dict:
+def sidecar(hparams: dict, stats_file: str | None = None) -> dict:
     """What `<out>.json` holds beside an exported model: the input's name and shape, the preprocessing facts under the
     names the README uses (img_size, in_chans, mean, std, class_names), and every step from an image file to the
     input tensor (vit.data.images.preprocess_spec), so that a runtime without this toolkit gives vit-predict's
@@ -96,18 +98,19 @@ def sidecar(hparams: dict) -> dict:
         "preprocess": preprocess_spec(img_size, in_chans, hparams["mean"], hparams["std"]),
         # calibrated probabilities, as vit-predict serves them: softmax(logits / temperature) (1.0: not calibrated)
         "temperature": hparams.get("temperature", 1.0),
-        # rejection: the score (of `logits` and `features`), its threshold and the statistics it needs; null: none
-        "unknown": unknown_sidecar(hparams.get("unknown")),
+        # rejection: the score (of `logits` and `features`), its threshold; its statistics in `stats_file`; null: none
+        "unknown": unknown_sidecar(hparams.get("unknown"), stats_file),
         # "multilabel": `logits` are one sigmoid per label, each label given at or above its threshold (a list)
         "task": hparams.get("task") or "multiclass",
         "thresholds": hparams.get("thresholds"),
     }
 
 
-def unknown_sidecar(record: dict | None) -> dict | None:
-    """A checkpoint's rejection record as JSON: the chosen score's statistics only (lists of floats)."""
+def unknown_stats(record: dict | None) -> dict[str, torch.Tensor]:
+    """The statistics the rejection record's score needs (float32 tensors), for `<out>.unknown.safetensors`; the rest
+    of the record goes to the JSON sidecar. A class-covariance score's are ~15 MB as JSON text, ~4 MB as float32."""
     if record is None:
-        return None
+        return {}
     needs = {"mahalanobis": ("means", "precision"), "knn": ("bank",),
              "relative_mahalanobis": ("means", "precision", "background_mean", "background_precision"),
              "normalized_mahalanobis": ("normalized_means", "normalized_precision"),
@@ -116,9 +119,30 @@ def unknown_sidecar(record: dict | None) -> dict | None:
              **dict.fromkeys(("qda", "block_qda"), ("means", "block_means", "class_precision", "class_logdet",
                                                    "qda_center", "qda_spread"))}  # fmt: skip
     keys = [k for part in record["score"].split("+") for k in needs.get(part, ()) if k in record["stats"]]
-    stats = {k: record["stats"][k].tolist() for k in keys}
-    return {"score": record["score"], "threshold": record["threshold"], "stats": stats, "fusion": record.get("fusion"),
-            "class_thresholds": record.get("class_thresholds")}  # fmt: skip
+    return {k: record["stats"][k].float().contiguous() for k in keys}
+
+
+def unknown_sidecar(record: dict | None, stats_file: str | None) -> dict | None:
+    """A checkpoint's rejection record for the JSON sidecar: the score, its threshold and fusion, and the name of the
+    safetensors file beside it that holds the statistics (None: the score needs none)."""
+    if record is None:
+        return None
+    return {"score": record["score"], "threshold": record["threshold"], "stats_file": stats_file,
+            "fusion": record.get("fusion"), "class_thresholds": record.get("class_thresholds")}  # fmt: skip
+
+
+def write_sidecar(out: str | Path, hparams: dict, **extra) -> list[Path]:
+    """`<out>.json` (sidecar(hparams) and `extra`) and, when the rejection record has statistics,
+    `<out>.unknown.safetensors` beside it: the files written."""
+    out = Path(out)
+    stats = unknown_stats(hparams.get("unknown"))
+    written = []
+    if stats:
+        written.append(out.with_name(f"{out.name}.unknown.safetensors"))
+        save_file(stats, str(written[-1]))
+    meta = {**sidecar(hparams, stats_file=written[0].name if written else None), **extra}
+    Path(f"{out}.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return [Path(f"{out}.json"), *written]
 
 
 def export_timm(model: torch.nn.Module, hparams: dict, out: str | Path) -> Path:

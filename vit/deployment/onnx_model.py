@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 
 class OnnxClassifier(torch.nn.Module):
@@ -63,9 +64,25 @@ def load_onnx(path: str | Path, threads: int | None = None) -> tuple[OnnxClassif
         raise OnnxError(f"{path}: ONNX Runtime cannot load it ({str(e).splitlines()[0]})") from None
     unknown = hparams.get("unknown")
     if unknown is not None:
-        if not model.has_features and unknown["stats"]:
+        stats = unknown_stats(path, unknown)
+        if not model.has_features and stats:
             raise OnnxError(f"{path}: its sidecar rejects by {unknown['score']}, the graph has no features output")
-        unknown = {**unknown, "threshold": float(unknown["threshold"])}
-        unknown["stats"] = {k: torch.tensor(v, dtype=torch.float32) for k, v in unknown["stats"].items()}
+        unknown = {**unknown, "threshold": float(unknown["threshold"]), "stats": stats}
     names = hparams.get("class_names") or [str(i) for i in range(model.num_classes)]
     return model, {**hparams, "unknown": unknown, "class_names": names}
+
+
+def unknown_stats(path: Path, unknown: dict) -> dict[str, torch.Tensor]:
+    """The rejection statistics of an export: from the safetensors file its sidecar names (`stats_file`, beside the
+    model), or from the lists of an older JSON sidecar (`stats`)."""
+    if "stats_file" not in unknown:  # an older export: the statistics are lists in the JSON
+        return {k: torch.tensor(v, dtype=torch.float32) for k, v in (unknown.get("stats") or {}).items()}
+    if unknown["stats_file"] is None:
+        return {}
+    file = path.parent / unknown["stats_file"]
+    try:
+        return load_file(str(file))
+    except FileNotFoundError:
+        raise OnnxError(f"{path}: no {file.name} beside it (its sidecar's rejection statistics)") from None
+    except Exception as e:  # safetensors raises its own error for a cut or foreign file
+        raise OnnxError(f"{file}: not a safetensors file of rejection statistics ({e})") from None

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from vit.data.images import describe, image_at, read_image, same_dtype
+from vit.data.images import convert_image, describe, image_at, read_image, same_dtype
 from vit.data.transforms import normalize_uint8, uint8_affine
 from vit.evaluation.attention_maps import (
     attention_rollout,
@@ -108,8 +108,7 @@ def map_and_logits(model, x: torch.Tensor, kind: str = "relevance") -> tuple[tor
         rel, logits, _ = relevance(model, x)
         return rel, logits
     attns, logits = capture_attention(model, x)
-    patch = model.patch_embed.patch_size
-    grid = (x.shape[-2] // patch, x.shape[-1] // patch)
+    grid = model.patch_embed.grid(x)
     rel = image_relevance(attention_rollout(attns), model.num_prefix_tokens, grid, model.dist_token is not None)
     return rel, logits
 
@@ -132,6 +131,28 @@ def label_maps(model, x, logits, hparams: dict, names: list[str], paths: list[st
         label = re.sub(r"[^\w.-]", "_", names[c])  # a file name, whatever the label says
         for r, picture in zip(rows.tolist(), overlays(x[rows], rel, hparams)):
             save_image(picture, Path(out) / f"{idx[r]:05d}_{Path(paths[r]).stem}_{label}.png")
+
+
+def classify(model, images: list, hparams: dict, topk: int = 5) -> list[dict]:
+    """PIL images in memory -> one record each, as vit-predict writes them: {'predictions': [{'label', 'prob'}],
+    'unknown'} (a multi-label model's add 'labels'); the checkpoint's preprocessing, temperature and rejection.
+
+        model, hparams = load_model("checkpoints/digits/version_0/last.ckpt")   # vit.model.checkpoint
+        classify(model, [Image.open("digit.png")], hparams, topk=3)
+    """
+    dev = next(model.parameters()).device
+    in_chans, side = hparams.get("in_chans", 3), hparams["img_size"]
+    x = torch.stack(same_dtype([image_at(convert_image(img, in_chans), side) for img in images])).to(dev)
+    x = normalize(x, *channel_stats(hparams, dev))
+    reject, names = Rejector(hparams.get("unknown")), class_names(model, hparams)
+    with torch.inference_mode():
+        logits, feats = reject.forward(model.eval(), x)
+    unknown = reject(logits, feats, reject.inputs(x)).tolist()
+    if hparams.get("task") == "multilabel":
+        top, given = labels_above(logits, names, topk, hparams["thresholds"])
+        return [{"predictions": p, "labels": g, "unknown": None} for p, g in zip(top, given)]
+    top = top_k(logits, names, topk, hparams.get("temperature", 1.0))
+    return [{"predictions": p, "unknown": u} for p, u in zip(top, unknown)]
 
 
 def predict(
