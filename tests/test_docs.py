@@ -47,3 +47,26 @@ def test_the_errors_docs_reliability_quotes_are_the_codes():
             if len(part) >= 12 and part not in source:
                 missing.append((q[:60], part))
     assert missing == []
+
+
+def test_the_readme_links_every_doc_in_its_reading_order():
+    readme = (ROOT / "README.md").read_text()
+    order = readme.split("## Read next", 1)[1].split("\n## ", 1)[0]
+    linked = set(re.findall(r"\]\((docs/[\w-]+\.md)\)", order))
+    docs = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
+    assert len(docs) >= 8 and linked == docs
+
+
+QUOTED_SECTION = re.compile(r'docs/(\w+\.md)(?:, | \()"([^"\n]{2,80}(?:\n\s*#\s*[^"\n]{1,80})?)"')
+
+
+def test_a_section_of_a_doc_quoted_by_name_is_in_that_doc():
+    """`docs/recipes.md, "Real photos"` in code, configs or docs names words the doc holds (a heading or a bold
+    term), so that a rewrite of a doc cannot leave a reference dangling."""
+    sources = [*ROOT.glob("vit/**/*.py"), *ROOT.glob("configs/**/*.yaml"), *ROOT.glob("docs/*.md"), ROOT / "README.md",
+               *ROOT.glob("tests/**/*.py"), *ROOT.glob("bench/**/*.py")]  # fmt: skip
+    quoted = {(doc, name) for f in sources for doc, name in QUOTED_SECTION.findall(f.read_text(errors="ignore"))}
+    assert len(quoted) >= 10
+    texts = {doc: " ".join((ROOT / "docs" / doc).read_text().split()).lower() for doc, _ in quoted}
+    words = {(doc, name): " ".join(name.replace("#", " ").split()).lower() for doc, name in quoted}  # a comment's wrap
+    assert [key for key in sorted(quoted) if words[key] not in texts[key[0]]] == []

@@ -389,3 +389,20 @@ def test_vit_predict_answers_a_phones_exif_rotated_jpeg_as_its_upright_copy(smok
     # the phone's photo, turned upright, answers as the upright file (JPEG's own noise apart); without EXIF the
     # same pixels answer otherwise (the smoke model is barely trained: its probabilities all lie near 0.1)
     assert gap(probs[1], probs[0]) < gap(probs[2], probs[0]) / 5
+
+
+def test_the_labels_file_docs_data_md_works_through_reads_as_it_says(tmp_path):
+    """docs/data.md's worked labels file, written with images at its paths: the splits and groups it names."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "data.md").read_text()
+    csv_text = re.search(r"```csv\n(.*?)```", doc, re.S).group(1)
+    rows = [line.split(",") for line in csv_text.splitlines()[1:]]
+    assert len(rows) >= 6
+    for path, *_ in rows:
+        _images(tmp_path / Path(path).parent, 1, seed=len(path))
+        (tmp_path / Path(path).parent / f"{len(path)}-0.png").rename(tmp_path / path)
+    (tmp_path / "labels.csv").write_text(csv_text)
+    listing = list_data(tmp_path, labels=tmp_path / "labels.csv")
+    assert listing.class_names == sorted({r[1] for r in rows})
+    want = {s: sorted(str(tmp_path / r[0]) for r in rows if r[2] == s) for s in ("train", "val", "test")}
+    assert {s: sorted(p for p, _ in items) for s, items in listing.splits.items()} == want
+    assert listing.groups[str(tmp_path / rows[0][0])] == rows[0][3]
