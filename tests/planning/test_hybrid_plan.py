@@ -75,3 +75,23 @@ def test_init_from_cnn_weights_plans_and_trains_the_hybrid(in_tmp, monkeypatch):
     assert set(plan_yaml["data"]["init_args"]["mean"]) == {0.5}  # the weights' normalisation
     ckpt = next(in_tmp.glob("checkpoints/**/last.ckpt"))
     assert torch.load(ckpt, weights_only=True)["stem_from"] == LITE0
+
+
+def test_the_maps_deletion_measure_gets_images_for_at_most_its_share_of_the_training_time():
+    """MAP_SHARE: an image of the deletion measure costs 66 forward passes (22 training images' time) each log. A
+    15-minute hybrid run of 1,200 images buys none (a 192-px CNN's 32 images took ~90 s a log); a from-scratch plan of
+    8,000 digits keeps the callback's 32; every plan stays inside the share."""
+    from fake_speeds import speeds_like_2_cores
+
+    from vit.planning.plan import MAP_IMAGES, MAP_SHARE, make_plan
+
+    digits = Fingerprint("digits", 8000, 2000, [800] * 10, 28, 28, 28, 1.0, 0.49, 5.0)
+    small = make_plan(digits, CPU2, budget_s=300, elapsed_s=3.0, speed_fn=speeds_like_2_cores).overrides
+    hybrid = plan(900).overrides
+    assert (
+        hybrid["attention_maps.faithfulness_images"] == 0 and small["attention_maps.faithfulness_images"] == MAP_IMAGES
+    )
+    for o, n_train in ((hybrid, fp().n_train), (small, 8000)):
+        epochs, every = o["trainer.max_epochs"], o["attention_maps.every_n_epochs"]
+        cost = o["attention_maps.faithfulness_images"] * 22 * (epochs // every)  # in training images
+        assert cost <= MAP_SHARE * epochs * n_train

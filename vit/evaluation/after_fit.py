@@ -294,6 +294,6 @@ def _unknown_record(model, train, dm: ImageClassificationData, device: torch.dev
     (no augmentation; none for a stream) and on the validation images `val` (features_of's four)."""
     outputs = features_of(model, train, device) if train is not None else None
     record = rejection_record(outputs, val, list(dm.class_names))
-    # written only as every reader checks it (vit/model/checkpoint.py unknown_of): a wrong shape fails here, at fit
+    # written only as every reader checks it (vit/model/record.py unknown_of): a wrong shape fails here, at fit
     unknown_of({"unknown": record}, "the rejection record made after fit", model.cfg)
     return record

@@ -11,11 +11,19 @@ from pathlib import Path
 import torch
 
 from vit.model.config import ViTConfig
+from vit.model.record import (
+    CheckpointError,
+    arch_from_hparams,
+    read_record,
+    temperature_of,
+    thresholds_of,
+    unknown_of,
+)
 from vit.model.vision_transformer import VisionTransformer
 
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message names the file and the reason in one line."""
+# CheckpointError and the record's readers are vit/model/record.py's, importable from here too
+__all__ = ["CheckpointError", "arch_from_hparams", "load_checkpoint", "load_model", "model_of", "temperature_of",
+           "thresholds_of", "unknown_of"]  # fmt: skip
 
 
 def load_checkpoint(path: str | Path, toolkit: bool = True) -> dict:
@@ -41,61 +49,6 @@ def load_checkpoint(path: str | Path, toolkit: bool = True) -> dict:
     return ckpt
 
 
-def arch_from_hparams(hparams: dict) -> ViTConfig:
-    """The architecture saved in a checkpoint: `arch` (this version), or the flat fields of first-round checkpoints."""
-    if isinstance(hparams.get("arch"), dict):
-        return ViTConfig.from_dict(hparams["arch"])
-    return ViTConfig.from_dict(hparams, strict=False)
-
-
-def temperature_of(ckpt: dict, path) -> float:
-    """The calibration temperature fitted after training (vit/evaluation/calibration.py); 1.0 for a checkpoint without
-    one."""
-    t = (ckpt.get("calibration") or {}).get("temperature", 1.0)
-    if not isinstance(t, (int, float)) or not 0 < t < 1e3:
-        raise CheckpointError(f"{path}: calibration temperature {t!r} must be a number in (0, 1000)")
-    return float(t)
-
-
-def unknown_of(ckpt: dict, path, cfg: ViTConfig) -> dict | None:
-    """The rejection record stored after training (vit/evaluation/unknown.py: the score, its threshold, the
-    statistics of the pooled features), checked for shapes; None for a checkpoint without one: it never says
-    unknown."""
-    record = ckpt.get("unknown")
-    if record is None:
-        return None
-    stats = record.get("stats") if isinstance(record, dict) else None
-    threshold = record.get("threshold") if isinstance(record, dict) else None
-    if not isinstance(record.get("score") if stats is not None else None, str) or not isinstance(threshold, float):
-        raise CheckpointError(f"{path}: its 'unknown' record has no score name, threshold and statistics")
-    d, c, n = cfg.embed_dim, cfg.num_classes, cfg.depth
-    per_class = record.get("class_thresholds")  # records made before per-class thresholds have none
-    if per_class is not None and (not isinstance(per_class, list) or len(per_class) != c
-                                  or not all(t is None or isinstance(t, float) for t in per_class)):  # fmt: skip
-        raise CheckpointError(f"{path}: its 'unknown' class_thresholds must be {c} numbers or nulls, one per class")
-    shapes = {"means": (c, d), "precision": (d, d), "background_mean": (d,), "background_precision": (d, d),
-              "normalized_means": (c, d), "normalized_precision": (d, d), "block_means": (n, c, d),
-              "block_precision": (n, d, d), "block_center": (n,), "block_spread": (n,), "input_mean": (5,),
-              "input_precision": (5, 5), "class_precision": (n + 1, c, d, d), "class_logdet": (n + 1, c),
-              "qda_center": (n + 1,), "qda_spread": (n + 1,)}  # fmt: skip
-    parts = record["score"].split("+")  # a fused score: its parts' standardisation (vit.evaluation.unknown.fusion_of)
-    fusion = record.get("fusion") if len(parts) > 1 else {"center": [0.0], "spread": [1.0]}
-    if not isinstance(fusion, dict) or any(
-        not isinstance(fusion.get(k), list) or len(fusion[k]) != len(parts) for k in ("center", "spread")
-    ):
-        raise CheckpointError(
-            f"{path}: its 'unknown' score {record['score']!r} needs a fusion of {len(parts)} centers and spreads"
-        )
-    for key, value in stats.items():
-        want = shapes.get(key)  # otherwise (the bank): (K, D)
-        fits = isinstance(value, torch.Tensor) and (tuple(value.shape) == want if want else value.shape[-1] == d)
-        if not fits:
-            raise CheckpointError(
-                f"{path}: unknown statistics {key!r} do not fit a {d}-wide, {n}-block model of {c} classes"
-            )
-    return record
-
-
 MAX_IMG_SIZE = 4096  # a side beyond any ViT recipe: a checkpoint asking more would make predict allocate gigabytes
 
 
@@ -119,19 +72,6 @@ def field_problem(hparams: dict, cfg: ViTConfig) -> str | None:
     return None
 
 
-def thresholds_of(ckpt: dict, path, num_classes: int) -> list[float]:
-    """A multi-label model's per-label thresholds, chosen on the validation set after fit (vit/evaluation/
-    multilabel.py); 0.5 each for a checkpoint saved before that."""
-    thresholds = (ckpt.get("multilabel") or {}).get("thresholds", [0.5] * num_classes)
-    if not (
-        isinstance(thresholds, list)
-        and len(thresholds) == num_classes
-        and all(isinstance(t, (int, float)) and 0 <= t <= 1 for t in thresholds)
-    ):
-        raise CheckpointError(f"{path}: multilabel thresholds must be {num_classes} numbers in [0, 1]")
-    return [float(t) for t in thresholds]
-
-
 def load_model(path: str | Path) -> tuple[VisionTransformer, dict]:
     """The plain `VisionTransformer` of a training checkpoint, in eval mode, and its hyper-parameters, with the
     preprocessing facts at the top level: img_size, in_chans, mean, std, class_names."""
@@ -151,11 +91,12 @@ def model_of(ckpt: dict, path: str | Path) -> tuple[VisionTransformer, dict]:
         if isinstance(e, CheckpointError):
             raise
         raise CheckpointError(f"{path}: hyper-parameters do not build a model ({e})") from None
+    multilabel = hparams.get("task") == "multilabel"
+    record = read_record(ckpt, path, cfg, multilabel)  # an older file's missing keys are defaults; a broken one stops
     hparams = {**hparams, "img_size": cfg.img_size, "in_chans": cfg.in_chans, "arch": cfg.to_dict()}
-    hparams["temperature"] = temperature_of(ckpt, path)
-    hparams["unknown"] = unknown_of(ckpt, path, cfg)
-    if hparams.get("task") == "multilabel":
-        hparams["thresholds"] = thresholds_of(ckpt, path, cfg.num_classes)
+    hparams["temperature"], hparams["unknown"] = record.temperature, record.unknown
+    if multilabel:
+        hparams["thresholds"] = record.thresholds
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     try:
         model.load_state_dict(state)

@@ -1,4 +1,5 @@
-"""Checkpoint writing that survives a kill, and reading that never runs pickled code (Lightning's CheckpointIO)."""
+"""Checkpoint writing that survives a kill and writes only a record that reads back, and reading that never runs
+pickled code (Lightning's CheckpointIO)."""
 
 import os
 import tempfile
@@ -8,6 +9,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from vit.model.checkpoint import load_checkpoint
+from vit.model.record import check_record
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -17,6 +19,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         path = Path(path)
+        check_record(checkpoint, path)  # what is written reads back (vit/model/record.py); nothing is written if not
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
