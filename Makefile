@@ -17,9 +17,9 @@ RESUME ?=
 train: .venv/.installed
 	$(PY) train.py fit --config $(CONFIG) $(if $(RESUME),--ckpt_path last) $(ARGS)
 
-# Two workers (one torch thread each), a file's expensive fixture on one of them (--dist loadgroup): pytest 119-127 s
-# on a 2-core Intel Xeon (AVX512-BF16, 2026-12-04, 686 tests; the machine's speed moves 1.5x between hours), ~2x that
-# on an AVX2-only EPYC (docs/testing.md); `pytest -x tests/test_x.py` for one file
+# Two workers (one torch thread each), a file's expensive fixture on one of them (--dist loadgroup): pytest 205-221 s
+# on a 2-core Intel Xeon with AMX (780 tests; the machine's speed moves 1.5x between hours), ~2x that on an AVX2-only
+# EPYC (docs/testing.md); `pytest -x tests/test_x.py` for one file
 test: .venv/.installed
 	$(PY) -m pytest -n 2 --dist loadgroup
 
