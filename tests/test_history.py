@@ -2,7 +2,7 @@
 names a round or a session of the work, or one of the project's issue numbers (history belongs in git log); and the
 README, docs/ and configs/, read as one text (so a phrase wrapped over two lines is still found), hold no commit
 hash, clock time, first person or account of how the work went ("since then", "no longer", "not adopted",
-"re-measured", "the old plan", "the issue")."""
+"re-measured", "re-timed", "the first try", "the old plan", "the issue")."""
 
 import re
 import subprocess
@@ -22,7 +22,7 @@ NARRATION = re.compile(
     r"(?<![\w/.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?![\w/-])"  # a commit hash
     r"|\b(?:[01]?\d|2[0-3]):[0-5]\d(?!\d)"  # a clock time
     r"|(?<!\d )\bI(?:'m|'ve|'d|'ll)?\s+[a-z]|\b(?:[Mm]y|[Ww]e|[Oo]urs?)\s"  # first person ("0.7 I" is a matrix)
-    r"|\b(?:since\s+then|no\s+longer|not\s+adopted|re-measured|the\s+(?:old|new)\s+plan|the\s+issue)\b",
+    r"|\b(?:since\s+then|no\s+longer|not\s+adopted|re-(?:measured|timed)|the\s+first\s+try|the\s+(?:old|new)\s+plan|the\s+issue)\b",
 )
 
 
