@@ -21,38 +21,19 @@ import lightning as L
 from jsonargparse import ArgumentError, set_parsing_settings
 from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info
 
 from vit.commands.command_line import UsageError, moved_field_hint, normalize_args, quiet_lightning, root_cause
 from vit.data.base import ImageClassificationData
 from vit.data.transforms import DataError
-from vit.evaluation.after_fit import after_fit_lines
-from vit.evaluation.label_issues import label_issue_finder
 from vit.evaluation.map_callback import AttentionMapCallback
 from vit.model.checkpoint import CheckpointError, load_checkpoint
-from vit.planning.estimate import RunEstimate
-from vit.planning.fine_tune import apply_weights
-from vit.planning.planned_run import (
-    add_plan_arguments,
-    apply_plan,
-    explicit_keys,
-    is_explicit,
-    keep_plan_and_budget,
-    plan_yaml,
-)
-from vit.planning.precision import ViTTrainer, apply_precision
+from vit.planning import fit_steps
+from vit.planning.planned_run import add_plan_arguments
+from vit.planning.precision import ViTTrainer
 from vit.training.checkpoint_io import AtomicCheckpointIO
 from vit.training.module import NonFiniteLossError, ViTClassifier
-from vit.training.run import (
-    add_run_arguments,
-    best_checkpoint_lines,
-    callbacks_to_keep,
-    prepare_checkpoints,
-    resume_target,
-    share_memory_budget,
-)
-from vit.training.run_folders import run_files_folder
+from vit.training.run import add_run_arguments, callbacks_to_keep
 
 # Facts about the data that the model must agree with: taken from the DataModule, never typed twice.
 LINKED = {
@@ -98,30 +79,17 @@ class ViTCLI(LightningCLI):
         return {chosen: every[chosen]} if chosen in every else every
 
     def before_instantiate_classes(self) -> None:
-        share_memory_budget(self.config[self.subcommand] if self.subcommand else self.config)
         sub = self.config[self.subcommand] if self.subcommand else self.config
-        # Planning happens before anything is built: the folder is then decoded once, at the planned size.
-        if self.subcommand == "fit":
-            fit = self.config.fit
-            if fit.get("ckpt_path"):  # the checkpoint holds the weights; the files may have moved since
-                fit.model.init_from = fit.model.stem_from = None
-            try:
-                # the weights first: their architecture is the model, so the plan is a fine-tune of it
-                weights = apply_weights(fit, self._argv)
-                self._plan = apply_plan(fit, self._argv, weights=weights)
-            except ValueError as e:
-                raise UsageError(f"error: {e}") from None
-        # after the plan, which measures its own precision: `auto` (the shipped configs') follows this machine
-        said = apply_precision(sub, explicit_keys(self._argv, [str(p) for p in (sub.get("config") or [])]))
-        if said and rank_zero_only.rank == 0:
-            print(said, file=sys.stderr if said.startswith("warning") else sys.stdout, flush=True)
+        try:  # memory share, pretrained weights, the plan (before anything is built), precision
+            self._plan = fit_steps.before_build(sub, self.subcommand, self._argv)
+        except ValueError as e:
+            raise UsageError(f"error: {e}") from None
 
     def _set_seed(self) -> None:
         # Seeded as LightningCLI does, but said after the data is built: a missing dataset is the first line printed.
-        key = f"{self.subcommand}.seed_everything" if self.subcommand else "seed_everything"
-        seed = self.config.get(key)
-        if seed is not False:
-            self.config[key] = seed_everything(None if seed is True else seed, workers=True, verbose=False)
+        self._seed_key = f"{self.subcommand}.seed_everything" if self.subcommand else "seed_everything"
+        if (seed := self.config.get(self._seed_key)) is not False:
+            self.config[self._seed_key] = seed_everything(None if seed is True else seed, workers=True, verbose=False)
 
     def instantiate_classes(self) -> None:
         try:
@@ -130,8 +98,7 @@ class ViTCLI(LightningCLI):
             raise UsageError(f"error: {root_cause(e)}") from None
 
     def instantiate_trainer(self, **kwargs):
-        seed = self.config.get(f"{self.subcommand}.seed_everything" if self.subcommand else "seed_everything")
-        if seed is not False:
+        if (seed := self.config.get(self._seed_key)) is not False:
             rank_zero_info(f"Seed set to {seed}")
         return super().instantiate_trainer(plugins=[AtomicCheckpointIO()], **kwargs)
 
@@ -142,37 +109,19 @@ class ViTCLI(LightningCLI):
         return super()._instantiate_trainer(config, keep)
 
     def before_fit(self) -> None:
-        config, trainer = self.config[self.subcommand], self.trainer
-        try:
-            if (ckpt := resume_target(config.get("ckpt_path"), trainer)) is not None:
-                self.config_init[self.subcommand]["ckpt_path"] = ckpt
-            prepare_checkpoints(trainer, self.datamodule, config)
-            folder = None  # beside the logs, else the checkpoints; asked only when a file goes there
-            if config.get("find_label_issues") or self._plan is not None:
-                folder = run_files_folder(trainer.logger, trainer.checkpoint_callbacks)
-            if config.get("find_label_issues"):
-                trainer.callbacks.append(label_issue_finder(self.datamodule, folder))
+        config = self.config[self.subcommand]
+        try:  # resume in place, checkpoint folders, split.csv, label issues, plan and budget
+            ckpt = fit_steps.before_fit(self.trainer, self.datamodule, config, planned=self._plan, argv=self._argv,
+                                        parser=self._parser("fit"))  # fmt: skip
         except ValueError as e:
             raise UsageError(f"error: {e}") from None
-        if self._plan is not None:
-            plan, deadline = self._plan
-            explicit = explicit_keys(self._argv, [str(p) for p in (config.get("config") or [])])
-            keep_plan_and_budget(trainer, plan, deadline, folder,
-                                 yaml_of=lambda epochs: plan_yaml(self._parser("fit"), config, epochs, plan),
-                                 budget_owned=not is_explicit("trainer.max_epochs", explicit))  # fmt: skip
-        trainer.callbacks.append(RunEstimate())  # say early how long it will take here, and again if that changes
+        if ckpt is not None:
+            self.config_init[self.subcommand]["ckpt_path"] = ckpt
         self._start = time.perf_counter()
 
     def after_fit(self) -> None:
-        if not self.trainer.is_global_zero:
-            return
-        text, saved = best_checkpoint_lines(self.trainer, self._start)
-        if text:
-            print(text)
-        if saved:  # calibration, logit adjustment, the unknown record, the test split: vit/evaluation/after_fit.py
-            tb = next((lg for lg in self.trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
-            device, step = self.trainer.strategy.root_device, self.trainer.global_step
-            for line in after_fit_lines(saved, self.datamodule, self.model.hparams, device, tb, step):
+        if self.trainer.is_global_zero:  # the best checkpoint, then calibration, `unknown`, the test split
+            for line in fit_steps.after_fit(self.trainer, self.datamodule, self.model.hparams, self._start):
                 print(line)
 
 

@@ -6,8 +6,8 @@ saved.
     vit-train --budget 30min                         # CIFAR-10 (configs/cifar10.yaml's data, a planned recipe)
     vit-train --config configs/mnist.yaml --data.init_args.dataset torch/fashion_mnist --budget 5min
 
-vit/commands/train.py calls `apply_plan` before anything is built (a folder is decoded once, at the planned size), then
-`keep_plan_and_budget`, which adds the `FitBudget` callback and writes <run>/plan.yaml: the complete config,
+vit/planning/fit_steps.py calls `apply_plan` before anything is built (a folder is decoded once, at the planned size),
+then `keep_plan_and_budget`, which adds the `FitBudget` callback and writes <run>/plan.yaml: the complete config,
 `plan: false`, so that `vit-train fit --config <run>/plan.yaml` trains the same run again without planning.
 """
 

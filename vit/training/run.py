@@ -2,8 +2,9 @@
 machine's processes, the callbacks a run's flags leave out, resuming in place, the checkpoints' folders and the
 mid-epoch checkpoint, the split.csv of a folder, and the lines that say where the best checkpoint went.
 
-The plan and its budget (vit/planning/planned_run.py) and the reports after fit (vit/evaluation/after_fit.py) are
-steps of the run too; they live with the packages they need (a package imports only from lower ones).
+vit/planning/fit_steps.py calls these in order, with the plan and its budget (vit/planning/planned_run.py) and the
+reports after fit (vit/evaluation/after_fit.py), which live with the packages they need (a package imports only from
+lower ones).
 """
 
 import os

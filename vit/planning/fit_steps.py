@@ -1,0 +1,86 @@
+"""The steps `vit-train` adds around Lightning's, in the order they run; vit/commands/train.py parses and calls them.
+
+    before_build    the config parsed, nothing built: the DDP memory share, pretrained weights, the plan, precision
+    before_fit      the trainer built: resume in place, checkpoint folders, split.csv, label issues, plan and budget
+    after_fit       the best checkpoint's line, then calibration, logit adjustment, `unknown` and the test split
+
+They live here, above training/ and evaluation/ (the package ranks in vit/__init__.py), because they call both: the
+plan (vit/planning/), the run's folders and checkpoints (vit/training/run.py) and the after-fit passes
+(vit/evaluation/after_fit.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Sequence
+
+import lightning as L
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
+
+from vit.evaluation.after_fit import after_fit_lines
+from vit.evaluation.label_issues import label_issue_finder
+from vit.planning.estimate import RunEstimate
+from vit.planning.fine_tune import apply_weights
+from vit.planning.plan import Plan
+from vit.planning.planned_run import apply_plan, explicit_keys, is_explicit, keep_plan_and_budget, plan_yaml
+from vit.planning.precision import apply_precision
+from vit.training.run import best_checkpoint_lines, prepare_checkpoints, resume_target, share_memory_budget
+from vit.training.run_folders import run_files_folder
+
+Planned = tuple[Plan, float | None]  # apply_plan: the plan and its deadline (a time.time() value; None: no budget)
+
+
+def _explicit(config, argv: Sequence[str]) -> set[str]:
+    return explicit_keys(argv, [str(p) for p in (config.get("config") or [])])
+
+
+def before_build(config, subcommand: str | None, argv: Sequence[str]) -> Planned | None:
+    """The subcommand's parsed `config` made ready to build, in place: each local process's share of the decoded-image
+    memory, then for `fit` the pretrained weights (their architecture is the model, so a plan is a fine-tune of it)
+    and the plan (a folder is then decoded once, at the planned size), then the precision (`auto` follows this machine;
+    the line saying so printed). Returns the plan, if one was made. Weights or a plan that cannot run: ValueError."""
+    share_memory_budget(config)
+    planned = None
+    if subcommand == "fit":
+        if config.get("ckpt_path"):  # the checkpoint holds the weights; the files may have moved since
+            config.model.init_from = config.model.stem_from = None
+        planned = apply_plan(config, argv, weights=apply_weights(config, argv))
+    said = apply_precision(config, _explicit(config, argv))
+    if said and rank_zero_only.rank == 0:
+        print(said, file=sys.stderr if said.startswith("warning") else sys.stdout, flush=True)
+    return planned
+
+
+def before_fit(trainer: L.Trainer, datamodule, config, *, planned: Planned | None, argv: Sequence[str],
+               parser) -> str | None:  # fmt: skip
+    """The trainer built, fit not started: returns the checkpoint to resume from (`--ckpt_path last`: the newest in
+    the run's folder, which the run then continues) and adds to the trainer the mid-epoch checkpoint, split.csv, the
+    label-issue finder (`--find_label_issues`), the plan's budget and plan.yaml (`parser` writes it), and the line
+    that says how long the run will take here. A folder that cannot be written: ValueError."""
+    ckpt = resume_target(config.get("ckpt_path"), trainer)
+    prepare_checkpoints(trainer, datamodule, config)
+    folder = None  # beside the logs, else the checkpoints; asked only when a file goes there
+    if config.get("find_label_issues") or planned is not None:
+        folder = run_files_folder(trainer.logger, trainer.checkpoint_callbacks)
+    if config.get("find_label_issues"):
+        trainer.callbacks.append(label_issue_finder(datamodule, folder))
+    if planned is not None:
+        plan, deadline = planned
+        keep_plan_and_budget(trainer, plan, deadline, folder,
+                             yaml_of=lambda epochs: plan_yaml(parser, config, epochs, plan),
+                             budget_owned=not is_explicit("trainer.max_epochs", _explicit(config, argv)))  # fmt: skip
+    trainer.callbacks.append(RunEstimate())  # say early how long it will take here, and again if that changes
+    return ckpt
+
+
+def after_fit(trainer: L.Trainer, datamodule, hparams, start: float) -> Iterator[str]:
+    """On rank 0 once fit ends, each line as its step is done: the best score and where the checkpoints are, then
+    (checkpoints written) calibration, logit adjustment, the `unknown` record and the test split
+    (vit/evaluation/after_fit.py). `start`: time.perf_counter() when fit began."""
+    text, saved = best_checkpoint_lines(trainer, start)
+    if text:
+        yield text
+    if saved:
+        tb = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+        yield from after_fit_lines(saved, datamodule, hparams, trainer.strategy.root_device, tb, trainer.global_step)
