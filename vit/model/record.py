@@ -17,7 +17,7 @@ import torch
 
 from vit.model.config import ViTConfig
 
-# The keys this toolkit adds to Lightning's: each read by read_record
+# The keys this toolkit adds to Lightning's: a file holding any of them is checked before it is written (check_record)
 RECORD_KEYS = ("data", "calibration", "unknown", "multilabel", "logit_adjustment", "label_issues", "teacher",
                "init_from", "rng_states")  # fmt: skip
 
