@@ -27,7 +27,8 @@ HYBRID_PATCH = 16
 HYBRID_MODEL = (192, 4, 3)
 # Sides (multiples of 32): the largest whose epochs the budget buys at least HYBRID_MIN_EPOCHS of; at most
 # HYBRID_EPOCHS epochs. Epochs before pixels: on the cells' screening fold at 15 minutes, 128 px for 31 epochs (the
-# floor at 20) 87.0 / 81.9% against 192 px for 10 (the floor at 10) 84.6 / 80.3% (docs/recipes.md).
+# floor at 20) 87.0 / 81.9% against 192 px for 10 (the floor at 10) 84.6 / 80.3%; on folds 0-2, 84.4 / 82.0% against
+# 160 px for 17 83.6 / 82.7% (docs/recipes.md).
 HYBRID_SIDES = (224, 192, 160, 128, 96)
 HYBRID_MIN_EPOCHS = 20
 HYBRID_EPOCHS = 40
