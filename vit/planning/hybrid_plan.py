@@ -19,8 +19,8 @@ from vit.planning.plan import Plan, Planner
 from vit.planning.speed import Machine
 
 # The route: the hybrid. On the cells at 15 minutes, folds 0-2 held out, 84.4 / 82.0% (accuracy / balanced) against the
-# from-scratch plan's 81.0 / 75.2%; DeiT's route 79.9 / 73.0% against its 87.0 / 81.9% on the screening fold, 81.0 /
-# 72.9% on folds 0-2 (docs/recipes.md has the tables).
+# from-scratch plan's 81.0 / 75.2% and DeiT's route's 81.0 / 72.9% (on the screening fold, where the route was chosen:
+# 87.0 / 81.9% against DeiT's 79.9 / 73.0%; docs/recipes.md has the tables).
 HYBRID_ROUTE = "hybrid"
 # The CNN is cut at stride HYBRID_PATCH (the ViT paper cuts ResNet-50 at 16); the blocks on top: (width, depth, heads).
 HYBRID_PATCH = 16
