@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from vit.model.config import ViTConfig
 from vit.planning.fingerprint import Fingerprint
-from vit.planning.plan import Plan, Planner
+from vit.planning.plan import TIERS, Plan, Planner
 from vit.planning.speed import Machine
 
 # The route: the hybrid. On the cells at 15 minutes, folds 0-2 held out, 87.1 / 82.4% (accuracy / balanced) against the
@@ -35,11 +35,11 @@ HYBRID_EPOCHS = 40
 HYBRID_SIDE = 160  # without a budget
 # AdamW, the pretrained stages and the new blocks alike (a bare Lite0 loop reached 86% at 5e-4 on a held-out split)
 HYBRID_LR = 5e-4
-# Batch: at most HYBRID_BATCH on sets of up to HYBRID_BATCH_UNDER training images, half the small tier's 64 (twice the
-# steps in the same epochs). On the cells' screening fold at 15 minutes 88.8 / 84.3% against 87.0 / 81.9% (validation
+# Batch: at most HYBRID_BATCH on the small tier's sets (TIERS[0], up to 3,000 training images): half its 64, twice the
+# steps in the same epochs. On the cells' screening fold at 15 minutes 88.8 / 84.3% against 87.0 / 81.9% (validation
 # ~2 points higher from epoch 16), at 5 minutes 86.4 / 80.0% against 85.0 / 78.4%; folds 0-2 at 15 minutes 87.1 / 82.4%
 # against 84.4 / 82.0%, at 5 81.5 / 78.4% against 82.9 / 78.5%. Larger sets keep their tier's batch (not measured).
-HYBRID_BATCH, HYBRID_BATCH_UNDER = 32, 3_000
+HYBRID_BATCH = 32
 # A CNN step costs a CPU ~10x a small ViT's: calibration times a batch of this many images
 CALIBRATION_BATCH = 16
 MEASURED_HYBRID = "5 min: 78.5-84.6%, balanced 75.3-82.1%; 15 min: 85.8-88.4%, balanced 81.8-83.1% (1,181 300-px cells)"
@@ -55,7 +55,7 @@ class HybridPlanner(Planner):
         self.stem, self.patch = arch, HYBRID_PATCH
         self.models, self.max_model = [HYBRID_MODEL], 0
         self.optimizer, self.lr = "adamw", HYBRID_LR
-        if fp.n_train <= HYBRID_BATCH_UNDER:
+        if fp.n_train <= TIERS[0][0]:
             self.batch = min(self.batch, HYBRID_BATCH)
         self.want, self.most, self.min_epochs = HYBRID_EPOCHS, HYBRID_EPOCHS, HYBRID_MIN_EPOCHS
 
