@@ -63,9 +63,30 @@ def test_the_hybrid_stem_is_the_cnns_first_stages_with_its_weights(lite0, patch,
     x = torch.randn(2, 1, 64, 64)
     with torch.no_grad():
         want = cnn.blocks[:stages](cnn.bn1(cnn.conv_stem(x)))
-        torch.testing.assert_close(stem(x), want)
+        torch.testing.assert_close(stem(x), want, atol=1e-4, rtol=1e-4)  # NHWC kernels sum in another order
         tokens, grid = model.patch_embed(x)
     assert grid == (64 // patch, 64 // patch) and tokens.shape == (2, (64 // patch) ** 2, 32)
+
+
+def test_the_hybrid_stem_runs_channels_last_with_the_same_logits(lite0):
+    model = VisionTransformer(img_size=64, patch_size=16, in_chans=1, embed_dim=32, depth=1, num_heads=2,
+                              num_classes=2, stem="tf_efficientnet_lite0").eval()  # fmt: skip
+    load_stem(model, lite0)  # loading copies into the weights: their layout stays NHWC
+    stem = model.patch_embed.stem
+    convs = [m for m in stem.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convs and all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)
+    seen = []
+    stem.blocks.register_forward_pre_hook(  # the stages' input: (B, 32, H/2, W/2), whose layouts differ
+        lambda _, args: seen.append(args[0].is_contiguous(memory_format=torch.channels_last))
+    )
+    x = torch.randn(2, 1, 64, 64)  # NCHW, as the loaders give it
+    with torch.no_grad():
+        fast = model(x)
+        stem.channels_last = False  # the default layout: NCHW input and weights
+        model.to(memory_format=torch.contiguous_format)
+        plain = model(x)
+    assert seen == [True, False]  # the first call ran NHWC
+    torch.testing.assert_close(fast, plain, atol=1e-4, rtol=1e-4)
 
 
 def test_wrong_files_and_layouts_are_one_line(tmp_path, lite0):
