@@ -18,7 +18,7 @@ from vit.planning.fingerprint import Fingerprint
 from vit.planning.plan import TIERS, Plan, Planner
 from vit.planning.speed import Machine
 
-# The route: the hybrid. On the cells at 15 minutes, folds 0-2 held out, 87.1 / 82.4% (accuracy / balanced) against the
+# The route: the hybrid. On the cells at 15 minutes, folds 0-2 held out, 86.3 / 81.5% (accuracy / balanced) against the
 # from-scratch plan's 81.0 / 75.2%; DeiT's route 81.0 / 72.9% where the hybrid at batch 64 had 84.4 / 82.0% (on the
 # screening fold, where the route was chosen: 87.0 / 81.9% against 79.9 / 73.0%; docs/recipes.md has the tables).
 HYBRID_ROUTE = "hybrid"
@@ -42,7 +42,7 @@ HYBRID_LR = 5e-4
 HYBRID_BATCH = 32
 # A CNN step costs a CPU ~10x a small ViT's: calibration times a batch of this many images
 CALIBRATION_BATCH = 16
-MEASURED_HYBRID = "5 min: 78.5-84.6%, balanced 75.3-82.1%; 15 min: 85.8-88.4%, balanced 81.8-83.1% (1,181 300-px cells)"
+MEASURED_HYBRID = "5 min: 71.5-86.4%, balanced 72.7-83.8%; 15 min: 85.2-86.8%, balanced 81.3-81.8% (1,181 300-px cells)"
 
 
 class HybridPlanner(Planner):
