@@ -2,6 +2,7 @@
 large fingerprints, the budget arithmetic and its correction after the first epoch (fake clock), explicit fields
 winning, and plan.yaml repeating the run."""
 
+import logging
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -241,6 +242,26 @@ def test_the_budget_correction_after_one_epoch_ends_the_run_on_time(real_epoch_s
     total = 10 * trainer.max_epochs
     assert len(lam) == 2 and lam[0](total) == pytest.approx(0.01) and lam[0](total - 20) > 0.01  # cosine ends at total
     assert lam[0](5) == pytest.approx(0.6)  # the first epoch (warmup) is unchanged
+
+
+def test_a_run_that_stops_at_the_plans_most_epochs_says_so_and_what_it_leaves(caplog):
+    """A plan asks the budget to spend itself, and to say why when it stops early: 5-s epochs in a 200-s budget would
+    fit 35, the cap is 12, so the resize says the cap and the ~140 s it leaves; a resize under the cap says nothing."""
+    module = SimpleNamespace(hparams=SimpleNamespace(warmup_epochs=1, min_lr_ratio=0.01))
+    lines, now = [], [0.0]
+    for cap in (12, 100):
+        now[0], trainer = 0.0, FakeTrainer(10, module)
+        cb = FitBudget(deadline=200.0, cap=cap, clock=lambda: now[0], teardown_s=0.0)
+        with caplog.at_level(logging.INFO):
+            for epoch in (0, 1):
+                trainer.current_epoch = epoch
+                cb.on_train_epoch_start(trainer, module)
+                now[0] += 5.0
+        lines.append(caplog.records[-1].getMessage())
+    assert trainer.max_epochs == 36 and "most epochs" not in lines[1]
+    assert "so 12 epochs instead of 10" in lines[0] and lines[0].endswith(
+        "(12, the plan's most epochs: ~140 s of the budget left unspent)"
+    )
 
 
 def test_explicit_keys_come_from_flags_and_config_files(tmp_path):

@@ -232,7 +232,8 @@ class FitBudget(L.Callback):
             fit = at + int(spare // epoch_s)
             # every rank of a DDP run must stop after the same epoch: rank 0's clock decides
             epochs = trainer.strategy.broadcast(max(at + 1, min(self.cap, fit)), src=0)
-            self.resize(trainer, pl_module, epochs, epoch_s)
+            left = self.deadline - now - self.teardown_s
+            self.resize(trainer, pl_module, epochs, epoch_s, note=self.capped(fit, left - (epochs - at) * epoch_s))
 
     def keep_in_budget(self, trainer, pl_module, now: float, epoch: int) -> None:
         """After the sizing, follow the machine: when the epochs run longer than the timed ones (a shared machine
@@ -257,15 +258,22 @@ class FitBudget(L.Callback):
         for cfg in trainer.lr_scheduler_configs:
             cfg.scheduler.lr_lambdas = [compressed(f, done, total, new_total) for f in cfg.scheduler.lr_lambdas]
         how = "played faster" if epochs < trainer.max_epochs else "stretched"
+        why = self.capped(fit, left - (epochs - epoch) * epoch_s)
         rank_zero_info(
             f"budget: epochs now take {epoch_s:.1f} s, so the run ends after {epochs} epochs instead of "
-            f"{trainer.max_epochs}; the rest of the schedule is {how} to fit"
+            f"{trainer.max_epochs}; the rest of the schedule is {how} to fit{why}"
         )
         trainer.fit_loop.max_epochs = epochs
         if self.on_change is not None:
             self.on_change(epochs)
 
-    def resize(self, trainer, pl_module, epochs: int, epoch_s: float) -> None:
+    def capped(self, fit: int, unspent_s: float) -> str:
+        """Why a run ends before its deadline: the plan's most epochs (`cap`), and the seconds that leaves."""
+        if fit <= self.cap:
+            return ""
+        return f" ({self.cap}, the plan's most epochs: ~{max(0.0, unspent_s):.0f} s of the budget left unspent)"
+
+    def resize(self, trainer, pl_module, epochs: int, epoch_s: float, note: str = "") -> None:
         old = trainer.max_epochs
         if epochs == old:
             return
@@ -279,7 +287,7 @@ class FitBudget(L.Callback):
             cfg.scheduler.lr_lambdas = [lr_factor(hp, warmup, total)] * len(lams)
         rank_zero_info(
             f"budget: an epoch takes {epoch_s:.1f} s here, so {epochs} epochs instead of {old} finish in time; "
-            "the cosine schedule is resized with them"
+            "the cosine schedule is resized with them" + note
         )
         if self.on_change is not None:
             self.on_change(epochs)
