@@ -335,10 +335,10 @@ def test_a_budget_resizes_the_run_and_rewrites_plan_yaml(digits_folder, in_tmp, 
     resized = []
     original = pr.FitBudget.resize
 
-    def resize(self, trainer, pl_module, epochs, epoch_s):
+    def resize(self, trainer, pl_module, epochs, epoch_s, note=""):
         epochs = 3  # what a shorter real epoch would give; the rest is the real code path
         resized.append(epochs)
-        original(self, trainer, pl_module, epochs, epoch_s)
+        original(self, trainer, pl_module, epochs, epoch_s, note)
 
     monkeypatch.setattr(pr.FitBudget, "resize", resize)
     cli = train.main(

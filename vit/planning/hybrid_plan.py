@@ -42,7 +42,7 @@ HYBRID_LR = 5e-4
 HYBRID_BATCH = 32
 # A CNN step costs a CPU ~10x a small ViT's: calibration times a batch of this many images
 CALIBRATION_BATCH = 16
-MEASURED_HYBRID = "5 min: 71.5-86.4%, balanced 72.7-83.8%; 15 min: 84.3-86.8%, balanced 79.1-82.0% (1,181 300-px cells)"
+MEASURED_HYBRID = "5 min: 71.5-86.4%, balanced 72.7-83.8%; 15 min: 81.6-86.8%, balanced 79.1-82.8% (1,181 300-px cells)"
 
 
 class HybridPlanner(Planner):
