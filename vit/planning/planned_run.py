@@ -228,11 +228,10 @@ class FitBudget(L.Callback):
             self.keep_in_budget(trainer, pl_module, now, epoch)
         if epoch == at and self._start is not None:
             epoch_s = (now - self._start) / at
-            spare = (self.deadline - now - self.teardown_s) * (1 - RESERVE)
-            fit = at + int(spare // epoch_s)
+            left = self.deadline - now - self.teardown_s
+            fit = at + int(left * (1 - RESERVE) // epoch_s)
             # every rank of a DDP run must stop after the same epoch: rank 0's clock decides
             epochs = trainer.strategy.broadcast(max(at + 1, min(self.cap, fit)), src=0)
-            left = self.deadline - now - self.teardown_s
             self.resize(trainer, pl_module, epochs, epoch_s, note=self.capped(fit, left - (epochs - at) * epoch_s))
 
     def keep_in_budget(self, trainer, pl_module, now: float, epoch: int) -> None:
