@@ -19,6 +19,10 @@ The rules, each a function of the validation logits (N, C), targets (N,) and the
   criterion where balanced accuracy on a few hundred images is a step function).
 - gated: grid's tau where a paired bootstrap of the validation images (1,000 resamples) finds its balanced accuracy
   above tau 0's in at least 95% of them, else 0 (the product's rule since: logit_adjustment.choose_tau).
+- gated99: the same with 99%.
+- oob: the grid's tau where, in at least 95% of 1,000 seeded bootstrap resamples, the tau the grid fits on the
+  resample (in-bag) beats tau 0 on the images the resample left out (out-of-bag): a gate that includes the tau's
+  selection, which `gated` does not (it tests the full set's argmax on resamples of the same images).
 
 How the rule is chosen (fixed before any set was scored): on sets other than the cells, each run's held-out accuracy
 and balanced accuracy averaged, then averaged over runs and sets; the highest such mean wins among the rules whose
@@ -35,7 +39,14 @@ from tau_heldout import labelled_files, logits_of, runs  # same folder: run as a
 
 from vit.deployment.labelled import training_data
 from vit.evaluation.calibration import fit_temperature
-from vit.evaluation.logit_adjustment import TAUS, choose_tau, fit_tau
+from vit.evaluation.logit_adjustment import (
+    BOOTSTRAPS,
+    TAUS,
+    bootstrap_wins,
+    choose_tau,
+    fit_tau,
+    resampled_balanced_accuracy,
+)
 from vit.evaluation.scores import balanced_accuracy
 from vit.model.checkpoint import load_checkpoint
 
@@ -69,6 +80,49 @@ def tau_balanced_nll(z: torch.Tensor, y: torch.Tensor, lp: torch.Tensor) -> floa
     return min((fitted_balanced_nll(z - tau * lp, y), tau) for tau in TAUS)[1]
 
 
+def out_of_bag_balanced_accuracy(pred: torch.Tensor, y: torch.Tensor, out: torch.Tensor, num_classes: int):
+    """(B,) balanced accuracy of pred (B, N) over the images each row's mask `out` (B, N) keeps (y: (N,))."""
+    b = pred.shape[0]
+    key = (torch.arange(b)[:, None] * num_classes + y[None, :]).flatten()  # (B * N,)
+    support = torch.bincount(key, weights=out.flatten().double(), minlength=b * num_classes).view(b, num_classes)
+    hits = (out & (pred == y[None, :])).flatten().double()
+    correct = torch.bincount(key, weights=hits, minlength=b * num_classes).view(b, num_classes)
+    present = support > 0
+    return (correct / support.clamp(min=1)).where(present, 0.0).sum(1) / present.sum(1)
+
+
+def oob_wins(z: torch.Tensor, y: torch.Tensor, lp: torch.Tensor) -> float:
+    """The share of BOOTSTRAPS resamples (seed 0) in which the grid's tau fitted on the resample beats tau 0 on the
+    images the resample left out (a tie is not a win)."""
+    c, n = z.shape[-1], len(y)
+    preds = torch.stack([(z - tau * lp).argmax(-1) for tau in TAUS])  # (T, N)
+    g, wins = torch.Generator().manual_seed(0), 0
+    chunk = max(1, min(BOOTSTRAPS, 2**22 // max(n, 1)))
+    for start in range(0, BOOTSTRAPS, chunk):
+        idx = torch.randint(n, (min(chunk, BOOTSTRAPS - start), n), generator=g)  # (B, N)
+        in_bag = torch.stack([resampled_balanced_accuracy(p, y, idx, c) for p in preds])  # (T, B)
+        first_best = (in_bag >= in_bag.max(0).values - 1e-12).float().argmax(0)  # (B,) the smallest tau on a tie
+        out = torch.zeros(idx.shape, dtype=torch.long).scatter_add_(1, idx, torch.ones_like(idx)) == 0  # (B, N)
+        after = out_of_bag_balanced_accuracy(preds[first_best], y, out, c)
+        before = out_of_bag_balanced_accuracy(preds[0].expand_as(out), y, out, c)
+        wins += int((after > before + 1e-12).sum())
+    return wins / BOOTSTRAPS
+
+
+def gated_at(share: float, wins_of):
+    """A rule: the grid's tau where wins_of(z, y, lp, tau) >= share, else 0."""
+
+    def rule(z: torch.Tensor, y: torch.Tensor, lp: torch.Tensor) -> float:
+        tau = fit_tau(z, y, lp)[0]
+        return tau if tau and wins_of(z, y, lp, tau) >= share else 0.0
+
+    return rule
+
+
+def paired_wins(z: torch.Tensor, y: torch.Tensor, lp: torch.Tensor, tau: float) -> float:
+    return bootstrap_wins(z.argmax(-1), (z - tau * lp).argmax(-1), y, z.shape[-1])
+
+
 RULES = {
     "none": lambda z, y, lp: 0.0,
     "grid": lambda z, y, lp: fit_tau(z, y, lp)[0],
@@ -76,6 +130,8 @@ RULES = {
     "calibrated": lambda z, y, lp: fit_temperature(z, y),
     "balanced_nll": tau_balanced_nll,
     "gated": lambda z, y, lp: choose_tau(z, y, lp)["tau"],
+    "gated99": gated_at(0.99, paired_wins),
+    "oob": gated_at(0.95, lambda z, y, lp, tau: oob_wins(z, y, lp)),
 }
 
 
