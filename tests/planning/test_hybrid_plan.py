@@ -13,6 +13,7 @@ import train
 from bench.digits_folder import write_digits_folder
 from vit.planning.fingerprint import Fingerprint
 from vit.planning.hybrid_plan import (
+    CALIBRATION_BATCH,
     HYBRID_BATCH,
     HYBRID_LR,
     HYBRID_MIN_EPOCHS,
@@ -69,6 +70,36 @@ def test_the_budget_buys_the_largest_side_with_enough_epochs_and_spends_itself()
         assert p.estimate_s <= budget * 1.02  # not over the budget
         assert p.estimate_s >= budget * 0.8 or epochs == p.cap  # nor left unused below the epoch cap
     assert "largest of 224, 192, 160, 128, 96 px" in dict((r[0], r[2]) for r in plans[1].rows)["img_size, patch"]
+
+
+def timings(slow_first: float):
+    """by_pixels, the first call `slow_first` times as fast (the machine busy for a few seconds), and the calls'
+    (side, batch) in a list."""
+    calls = []
+
+    def speed_fn(archs, batch, precision="32-true"):
+        calls.append((archs[0].img_size, batch))
+        return [s * (slow_first if len(calls) == 1 else 1.0) for s in by_pixels(archs, batch, precision)]
+
+    return speed_fn, calls
+
+
+def test_a_side_lost_to_a_slow_first_timing_is_won_back_on_its_own_timing():
+    def planned(speed_fn):
+        p = make_hybrid_plan(fp(), CPU2, 900, 3.0, speed_fn, arch="tf_efficientnet_lite0", source="lite0.pth")
+        return p, p.overrides["data.init_args.img_size"], dict((r[0], r[2]) for r in p.rows)
+
+    steady, side, _ = planned(timings(1.0)[0])
+    slow_fn, calls = timings(0.4)
+    slowed, slowed_side, why = planned(slow_fn)
+    assert slowed_side == side > HYBRID_SIDES[-1] and calls[0][0] == HYBRID_SIDE
+    assert slowed.overrides["trainer.max_epochs"] == steady.overrides["trainer.max_epochs"] >= HYBRID_MIN_EPOCHS
+    assert f"px on the first timing, {side} px on its own" in why["img_size, patch"]
+    assert {b for _, b in calls} == {CALIBRATION_BATCH} and f"batch {CALIBRATION_BATCH}," in why["speed (img/s)"]
+
+    steady_fn, calls = timings(1.0)  # a steady machine times what it timed before: the reference, the side, bf16
+    planned(steady_fn)
+    assert len(calls) == 3
 
 
 def test_init_from_cnn_weights_plans_and_trains_the_hybrid(in_tmp, monkeypatch):

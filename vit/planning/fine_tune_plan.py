@@ -69,13 +69,9 @@ class FineTunePlanner(Planner):
         fields = {**self.arch, "img_size": img_size, "patch_size": patch}
         return [ViTConfig(**{**fields, "in_chans": self.fp.in_chans, "num_classes": self.fp.num_classes})]
 
-    def timed(self, archs: list[ViTConfig], precision: str = "32-true") -> list[float]:
+    def timing_batch(self) -> int:
         large = 12 * self.arch["depth"] * self.arch["embed_dim"] ** 2 > LARGE
-        batch, self.batch = self.batch, min(self.batch, CALIBRATION_BATCH) if large else self.batch
-        try:
-            return super().timed(archs, precision)
-        finally:
-            self.batch = batch
+        return min(self.batch, CALIBRATION_BATCH) if large else self.batch
 
     def sides(self) -> list[int]:
         """The weights' own side, then 3/4 and 1/2 of its token grid (multiples of the patch, at least 2x2)."""

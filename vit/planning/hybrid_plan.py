@@ -13,7 +13,6 @@ behind the numbers are in docs/recipes.md, "Real photos from ImageNet weights".
 
 from __future__ import annotations
 
-from vit.model.config import ViTConfig
 from vit.planning.fingerprint import Fingerprint
 from vit.planning.plan import TIERS, Plan, Planner
 from vit.planning.speed import Machine
@@ -59,12 +58,8 @@ class HybridPlanner(Planner):
             self.batch = min(self.batch, HYBRID_BATCH)
         self.want, self.most, self.min_epochs = HYBRID_EPOCHS, HYBRID_EPOCHS, HYBRID_MIN_EPOCHS
 
-    def timed(self, archs: list[ViTConfig], precision: str = "32-true") -> list[float]:
-        batch, self.batch = self.batch, min(self.batch, CALIBRATION_BATCH)
-        try:
-            return super().timed(archs, precision)
-        finally:
-            self.batch = batch
+    def timing_batch(self) -> int:
+        return min(self.batch, CALIBRATION_BATCH)
 
     def after_fit_seconds(self, speed: float) -> float:
         """The passes after fit at `speed` training images/s: forward-only (a third of a training step an image) over
@@ -80,6 +75,11 @@ class HybridPlanner(Planner):
         self.after_fit = self.after_fit_seconds(self.speeds[self.choice])
         self.estimate += self.after_fit
 
+    def buys_floor(self, side: int, speed: float) -> bool:
+        """Whether the budget left buys HYBRID_MIN_EPOCHS epochs at `side` px, trained at `speed` images/s there (the
+        passes after fit at that speed set aside)."""
+        return (super().spare_s() - self.after_fit_seconds(speed)) / self.epoch_seconds(speed) >= HYBRID_MIN_EPOCHS
+
     def choose_grid(self) -> None:
         if self.budget_s is None:
             self.img_size = HYBRID_SIDE
@@ -89,12 +89,7 @@ class HybridPlanner(Planner):
         # timed again in choose_model_and_epochs.
         ref = HYBRID_SIDE
         speed = self.timed(self.candidates(ref, self.patch))[0]
-        self.img_size = HYBRID_SIDES[-1]
-        for side in HYBRID_SIDES:
-            self.after_fit = self.after_fit_seconds(speed * (ref / side) ** 2)
-            if self.spare_s() / self.epoch_seconds(speed * (ref / side) ** 2) >= HYBRID_MIN_EPOCHS:
-                self.img_size = side
-                break
+        self.img_size = next((s for s in HYBRID_SIDES if self.buys_floor(s, speed * (ref / s) ** 2)), HYBRID_SIDES[-1])
         self.after_fit = self.after_fit_seconds(speed * (ref / self.img_size) ** 2)
         self.why_grid = (
             f"the largest of {', '.join(map(str, HYBRID_SIDES))} px with >= {HYBRID_MIN_EPOCHS} epochs in the budget"
@@ -102,6 +97,23 @@ class HybridPlanner(Planner):
 
     def choose_model_and_epochs(self) -> None:
         super().choose_model_and_epochs()
+        # The side came from a few steps timed at HYBRID_SIDE: on a machine slow for those seconds it is smaller than
+        # the budget buys (a 15-minute run on the cells planned 96 px at ~25 s an epoch, ran them in 18.5 s and stopped
+        # at the 40-epoch cap with ~95 s unspent). The chosen side's own timing, just taken, says whether the next side
+        # up may fit; that side is taken only on its own timing. Time is never the reason to step down here: FitBudget
+        # resizes the epochs to the speed the run measures.
+        first = self.img_size
+        while self.budget_s is not None and self.img_size != HYBRID_SIDES[0]:
+            bigger = HYBRID_SIDES[HYBRID_SIDES.index(self.img_size) - 1]
+            if not self.buys_floor(bigger, self.speeds[0] * (self.img_size / bigger) ** 2):
+                break
+            speed = self.timed(self.candidates(bigger, self.patch))[0]
+            if not self.buys_floor(bigger, speed):
+                break
+            self.img_size, self.after_fit = bigger, self.after_fit_seconds(speed)
+            super().choose_model_and_epochs()  # times `bigger` again: a few seconds, only where a side is gained
+        if self.img_size != first:
+            self.why_grid += f" ({first} px on the first timing, {self.img_size} px on its own)"
         self.why_model = f"the blocks on {self.cnn}'s stages to stride {self.patch} (hybrid)"
 
     def overrides(self) -> dict:

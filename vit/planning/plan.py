@@ -240,11 +240,13 @@ class Planner:
         # training at the timed speed plus overhead; validation forward-only, ~3x faster than a training step
         return (self.fp.n_train / speed) * EPOCH_OVERHEAD + self.fp.n_val / (3 * speed)
 
+    def timing_batch(self) -> int:
+        """The batch the calibration steps time: the run's own (a planner of costly steps times fewer images)."""
+        return self.batch
+
     def timed(self, archs: list[ViTConfig], precision: str = "32-true") -> list[float]:
-        t0 = time.perf_counter()
-        speeds = (
-            self.speed_fn(archs, self.batch) if precision == "32-true" else self.speed_fn(archs, self.batch, precision)
-        )
+        t0, batch = time.perf_counter(), self.timing_batch()
+        speeds = self.speed_fn(archs, batch) if precision == "32-true" else self.speed_fn(archs, batch, precision)
         self.elapsed_s += time.perf_counter() - t0
         return speeds
 
@@ -379,7 +381,7 @@ class Planner:
             ("symmetry", f"mirror {fp.mirror_symmetry:.2f}, quarter turn {fp.turn_symmetry:.2f}",
              f"flips when >= {FLIP_SYMMETRY}, turns when >= {TURN_SYMMETRY}"),
             ("machine", str(self.machine), f"decode ~{fp.decode_s:.0f} s"),
-            ("speed (img/s)", speed_text, f"training steps at batch {self.batch}, fp32, {opt}"),
+            ("speed (img/s)", speed_text, f"training steps at batch {self.timing_batch()}, fp32, {opt}"),
             ("precision", self.precision, f"{measured} (bf16 when > {BF16_GAIN}x)"),
             ("img_size, patch", f"{self.img_size}, {self.patch}", f"{tokens} tokens: {self.why_grid}"),
             ("model", f"{w} wide, {d} blocks, {h} heads", self.why_model),
