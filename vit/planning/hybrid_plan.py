@@ -41,7 +41,7 @@ HYBRID_LR = 5e-4
 HYBRID_BATCH = 32
 # A CNN step costs a CPU ~10x a small ViT's: calibration times a batch of this many images
 CALIBRATION_BATCH = 16
-MEASURED_HYBRID = "5 min: 71.5-86.4%, balanced 72.7-83.8%; 15 min: 81.6-86.8%, balanced 79.1-82.8% (1,181 300-px cells)"
+MEASURED_HYBRID = "5 min: 71.5-86.4%, balanced 72.7-83.8%; 15 min: 77.9-87.6%, balanced 79.1-84.3% (1,181 300-px cells)"
 
 
 class HybridPlanner(Planner):
@@ -75,9 +75,9 @@ class HybridPlanner(Planner):
         self.after_fit = self.after_fit_seconds(self.speeds[self.choice])
         self.estimate += self.after_fit
 
-    def buys_floor(self, side: int, speed: float) -> bool:
-        """Whether the budget left buys HYBRID_MIN_EPOCHS epochs at `side` px, trained at `speed` images/s there (the
-        passes after fit at that speed set aside)."""
+    def buys_floor(self, speed: float) -> bool:
+        """Whether the budget left buys HYBRID_MIN_EPOCHS epochs of a side trained at `speed` images/s (the passes
+        after fit at that speed set aside)."""
         return (super().spare_s() - self.after_fit_seconds(speed)) / self.epoch_seconds(speed) >= HYBRID_MIN_EPOCHS
 
     def choose_grid(self) -> None:
@@ -89,7 +89,7 @@ class HybridPlanner(Planner):
         # timed again in choose_model_and_epochs.
         ref = HYBRID_SIDE
         speed = self.timed(self.candidates(ref, self.patch))[0]
-        self.img_size = next((s for s in HYBRID_SIDES if self.buys_floor(s, speed * (ref / s) ** 2)), HYBRID_SIDES[-1])
+        self.img_size = next((s for s in HYBRID_SIDES if self.buys_floor(speed * (ref / s) ** 2)), HYBRID_SIDES[-1])
         self.after_fit = self.after_fit_seconds(speed * (ref / self.img_size) ** 2)
         self.why_grid = (
             f"the largest of {', '.join(map(str, HYBRID_SIDES))} px with >= {HYBRID_MIN_EPOCHS} epochs in the budget"
@@ -105,10 +105,10 @@ class HybridPlanner(Planner):
         first = self.img_size
         while self.budget_s is not None and self.img_size != HYBRID_SIDES[0]:
             bigger = HYBRID_SIDES[HYBRID_SIDES.index(self.img_size) - 1]
-            if not self.buys_floor(bigger, self.speeds[0] * (self.img_size / bigger) ** 2):
+            if not self.buys_floor(self.speeds[0] * (self.img_size / bigger) ** 2):
                 break
             speed = self.timed(self.candidates(bigger, self.patch))[0]
-            if not self.buys_floor(bigger, speed):
+            if not self.buys_floor(speed):
                 break
             self.img_size, self.after_fit = bigger, self.after_fit_seconds(speed)
             super().choose_model_and_epochs()  # times `bigger` again: a few seconds, only where a side is gained
