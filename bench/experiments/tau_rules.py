@@ -20,6 +20,7 @@ The rules, each a function of the validation logits (N, C), targets (N,) and the
 - gated: grid's tau where a paired bootstrap of the validation images (1,000 resamples) finds its balanced accuracy
   above tau 0's in at least 95% of them, else 0 (the product's rule since: logit_adjustment.choose_tau).
 - gated99: the same with 99%.
+- gated_cap1: the gated grid over 0-1 only (Menon et al.'s tau 1 for a calibrated model as the most).
 - oob: the grid's tau where, in at least 95% of 1,000 seeded bootstrap resamples, the tau the grid fits on the
   resample (in-bag) beats tau 0 on the images the resample left out (out-of-bag): a gate that includes the tau's
   selection, which `gated` does not (it tests the full set's argmax on resamples of the same images).
@@ -41,6 +42,7 @@ from vit.deployment.labelled import training_data
 from vit.evaluation.calibration import fit_temperature
 from vit.evaluation.logit_adjustment import (
     BOOTSTRAPS,
+    GATE,
     TAUS,
     bootstrap_wins,
     choose_tau,
@@ -119,6 +121,16 @@ def gated_at(share: float, wins_of):
     return rule
 
 
+def gated_below(z: torch.Tensor, y: torch.Tensor, lp: torch.Tensor, most: float) -> float:
+    """The gated grid over the taus up to `most`: the grid's best there, kept where it wins GATE of the resamples."""
+    best, acc = 0.0, balanced_accuracy(z.argmax(-1), y, z.shape[-1])
+    for tau in (t for t in TAUS[1:] if t <= most):
+        a = balanced_accuracy((z - tau * lp).argmax(-1), y, z.shape[-1])
+        if a > acc + 1e-12:
+            best, acc = tau, a
+    return best if best and paired_wins(z, y, lp, best) >= GATE else 0.0
+
+
 def paired_wins(z: torch.Tensor, y: torch.Tensor, lp: torch.Tensor, tau: float) -> float:
     return bootstrap_wins(z.argmax(-1), (z - tau * lp).argmax(-1), y, z.shape[-1])
 
@@ -132,6 +144,7 @@ RULES = {
     "gated": lambda z, y, lp: choose_tau(z, y, lp)["tau"],
     "gated99": gated_at(0.99, paired_wins),
     "oob": gated_at(0.95, lambda z, y, lp, tau: oob_wins(z, y, lp)),
+    "gated_cap1": lambda z, y, lp: gated_below(z, y, lp, 1.0),
 }
 
 
