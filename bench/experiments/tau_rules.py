@@ -21,6 +21,8 @@ The rules, each a function of the validation logits (N, C), targets (N,) and the
   above tau 0's in at least 95% of them, else 0 (the product's rule since: logit_adjustment.choose_tau).
 - gated99: the same with 99%.
 - gated_cap1: the gated grid over 0-1 only (Menon et al.'s tau 1 for a calibrated model as the most).
+- gated_acc: the gated tau, kept only where on the validation images the mean of accuracy and balanced accuracy
+  with it is not below tau 0's (it may not cost more accuracy than it gains in balanced accuracy).
 - oob: the grid's tau where, in at least 95% of 1,000 seeded bootstrap resamples, the tau the grid fits on the
   resample (in-bag) beats tau 0 on the images the resample left out (out-of-bag): a gate that includes the tau's
   selection, which `gated` does not (it tests the full set's argmax on resamples of the same images).
@@ -131,6 +133,15 @@ def gated_below(z: torch.Tensor, y: torch.Tensor, lp: torch.Tensor, most: float)
     return best if best and paired_wins(z, y, lp, best) >= GATE else 0.0
 
 
+def gated_acc(z: torch.Tensor, y: torch.Tensor, lp: torch.Tensor) -> float:
+    tau, c = choose_tau(z, y, lp)["tau"], z.shape[-1]
+
+    def mean_score(pred: torch.Tensor) -> float:
+        return float((pred == y).float().mean()) + balanced_accuracy(pred, y, c)
+
+    return tau if tau and mean_score((z - tau * lp).argmax(-1)) >= mean_score(z.argmax(-1)) - 1e-12 else 0.0
+
+
 def paired_wins(z: torch.Tensor, y: torch.Tensor, lp: torch.Tensor, tau: float) -> float:
     return bootstrap_wins(z.argmax(-1), (z - tau * lp).argmax(-1), y, z.shape[-1])
 
@@ -145,6 +156,7 @@ RULES = {
     "gated99": gated_at(0.99, paired_wins),
     "oob": gated_at(0.95, lambda z, y, lp, tau: oob_wins(z, y, lp)),
     "gated_cap1": lambda z, y, lp: gated_below(z, y, lp, 1.0),
+    "gated_acc": gated_acc,
 }
 
 
