@@ -134,12 +134,14 @@ def gated_below(z: torch.Tensor, y: torch.Tensor, lp: torch.Tensor, most: float)
 
 
 def gated_acc(z: torch.Tensor, y: torch.Tensor, lp: torch.Tensor) -> float:
+    """The gated tau, dropped where the validation accuracy it costs exceeds the balanced accuracy it gains."""
     tau, c = choose_tau(z, y, lp)["tau"], z.shape[-1]
 
-    def mean_score(pred: torch.Tensor) -> float:
+    def acc_plus_balanced(pred: torch.Tensor) -> float:
         return float((pred == y).float().mean()) + balanced_accuracy(pred, y, c)
 
-    return tau if tau and mean_score((z - tau * lp).argmax(-1)) >= mean_score(z.argmax(-1)) - 1e-12 else 0.0
+    kept = tau and acc_plus_balanced((z - tau * lp).argmax(-1)) >= acc_plus_balanced(z.argmax(-1)) - 1e-12
+    return tau if kept else 0.0
 
 
 def paired_wins(z: torch.Tensor, y: torch.Tensor, lp: torch.Tensor, tau: float) -> float:
