@@ -32,7 +32,8 @@ HYBRID_SIDES = (224, 192, 160, 128, 96)
 HYBRID_MIN_EPOCHS = 20
 HYBRID_EPOCHS = 40
 HYBRID_SIDE = 160  # without a budget
-# AdamW, the pretrained stages and the new blocks alike (a bare Lite0 loop reached 86% at 5e-4 on a held-out split)
+# AdamW, the pretrained stages and the new blocks alike (a bare Lite0 loop reached 86% at 5e-4 on a held-out split;
+# on the cells' screening fold 2.5e-4 and 1e-3 tied with it: docs/recipes.md)
 HYBRID_LR = 5e-4
 # Batch: at most HYBRID_BATCH on the small tier's sets (TIERS[0], up to 3,000 training images): half its 64, twice the
 # steps in the same epochs. On the cells' screening fold at 15 minutes 88.8 / 84.3% against 87.0 / 81.9% (validation
