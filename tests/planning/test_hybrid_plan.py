@@ -15,6 +15,7 @@ from vit.planning.fingerprint import Fingerprint
 from vit.planning.hybrid_plan import (
     CALIBRATION_BATCH,
     HYBRID_BATCH,
+    HYBRID_FREEZE_STEM_EPOCHS,
     HYBRID_LR,
     HYBRID_MIN_EPOCHS,
     HYBRID_PATCH,
@@ -47,6 +48,7 @@ def test_the_hybrid_plan_takes_the_cnns_stages_and_its_learning_rate():
     assert o["model.arch.stem"] == "tf_efficientnet_lite0" and o["model.arch.patch_size"] == HYBRID_PATCH
     assert o["model.stem_from"] == "lite0.pth" and o["model.lr"] == HYBRID_LR
     assert o["data.init_args.img_size"] == HYBRID_SIDE and o["data.init_args.rot90"]  # the data's rules stay
+    assert o["model.freeze_stem_epochs"] == HYBRID_FREEZE_STEM_EPOCHS == 1  # the stages still while the blocks start
     rows = {name: (value, why) for name, value, why in p.rows}
     assert "tf_efficientnet_lite0 to stride 16" in rows["pretrained"][0] and "lite0.pth" in rows["pretrained"][0]
 
@@ -114,6 +116,7 @@ def test_init_from_cnn_weights_plans_and_trains_the_hybrid(in_tmp, monkeypatch):
     assert model.cfg.stem == "tf_efficientnet_lite0" and model.cfg.patch_size == HYBRID_PATCH
     plan_yaml = yaml.safe_load(next(in_tmp.glob("**/plan.yaml")).read_text())
     assert plan_yaml["model"]["stem_from"] == LITE0 and plan_yaml["model"]["init_from"] is None
+    assert plan_yaml["model"]["freeze_stem_epochs"] == HYBRID_FREEZE_STEM_EPOCHS
     assert set(plan_yaml["data"]["init_args"]["mean"]) == {0.5}  # the weights' normalisation
     ckpt = next(in_tmp.glob("checkpoints/**/last.ckpt"))
     assert torch.load(ckpt, weights_only=True)["stem_from"] == LITE0

@@ -16,6 +16,8 @@ from vit.training.module import ViTClassifier
         ({"ema_decay": 1.0}, r"ema_decay=1.0 must be in \[0, 1\)"),
         ({"layer_decay": 0.0}, r"layer_decay=0.0 must be in \(0, 1\]"),
         ({"freeze_backbone_epochs": -1}, "freeze_backbone_epochs=-1 must be >= 0"),
+        ({"freeze_stem_epochs": -1}, "freeze_stem_epochs=-1 must be >= 0"),
+        ({"freeze_stem_epochs": 1}, "freeze_stem_epochs=1 holds a pretrained CNN stem still, but stem='patch'"),
         ({"schedule": "step"}, "schedule='step' must be 'cosine' or 'wsd'"),
         ({"resize_from": 6}, "resize_from=6 must be a multiple of patch_size=4 below img_size=32"),
         ({"class_names": ["a", "b"]}, "class_names has 2 names but num_classes=10"),

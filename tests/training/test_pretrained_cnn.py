@@ -85,3 +85,38 @@ def test_a_missing_or_wrong_weights_file_stops_the_run_in_one_line(in_tmp, capsy
             train.main([*FLAGS, *flags])
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and said in err[0], err
+
+
+def test_freeze_stem_holds_the_cnn_stages_still_while_the_blocks_train(tmp_path):
+    """freeze_stem_epochs=1 on a hybrid: in epoch 0 the CNN stem's parameters take no step (its BatchNorm statistics
+    still adapt) while the projection, the blocks and the head do; from epoch 1 the stem trains too."""
+    import lightning as L
+
+    from vit.data.digits import DigitsDataModule
+    from vit.training.module import ViTClassifier
+
+    L.seed_everything(0)
+    arch = dict(img_size=32, patch_size=16, embed_dim=32, depth=1, num_heads=2, stem="tf_efficientnet_lite0")
+    module = ViTClassifier(arch=arch, freeze_stem_epochs=1)
+    params = lambda: {k: p.detach().clone() for k, p in module.model.named_parameters()}  # noqa: E731
+    seen = [params()]
+
+    class AfterEachEpoch(L.Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            seen.append(params())
+
+    trainer = L.Trainer(default_root_dir=tmp_path, max_epochs=2, limit_train_batches=2, limit_val_batches=0,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[AfterEachEpoch()])  # fmt: skip
+    trainer.fit(module, datamodule=DigitsDataModule(batch_size=16, img_size=32))
+
+    def moved(a, b, prefix):
+        names = [k for k in a if k.startswith(prefix)]
+        assert names, prefix
+        return [k for k in names if not torch.equal(a[k], b[k])]
+
+    start, epoch0, epoch1 = seen
+    assert moved(start, epoch0, "patch_embed.stem.") == []  # held still
+    assert moved(start, epoch0, "blocks.") and moved(start, epoch0, "head.")  # the new layers train
+    assert moved(epoch0, epoch1, "patch_embed.stem.")  # then end to end
+    assert all(p.requires_grad for p in module.model.parameters())

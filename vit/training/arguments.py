@@ -2,6 +2,7 @@
 the field and the value (the architecture's own fields are checked by ViTConfig)."""
 
 from vit.model.config import ViTConfig
+from vit.model.stems import HYBRID_STEMS
 from vit.training.teacher import check_teacher_name
 
 
@@ -18,6 +19,7 @@ def check_arguments(
     class_names: list[str] | None,
     teacher: str | None = None,
     task: str = "multiclass",
+    freeze_stem_epochs: int = 0,
 ) -> None:
     """ViTClassifier's arguments, checked at construction: a one-line ValueError naming the field and the value.
     `numbers` must be >= 0, `shares` in [0, 1]."""
@@ -33,6 +35,13 @@ def check_arguments(
         raise ValueError(f"layer_decay={layer_decay} must be in (0, 1]")
     if freeze_backbone_epochs < 0:
         raise ValueError(f"freeze_backbone_epochs={freeze_backbone_epochs} must be >= 0")
+    if freeze_stem_epochs < 0:
+        raise ValueError(f"freeze_stem_epochs={freeze_stem_epochs} must be >= 0")
+    if freeze_stem_epochs and arch.stem not in HYBRID_STEMS:
+        raise ValueError(
+            f"freeze_stem_epochs={freeze_stem_epochs} holds a pretrained CNN stem still, but stem={arch.stem!r}: "
+            f"set --model.arch.stem to one of {', '.join(HYBRID_STEMS)} (or freeze_stem_epochs 0)"
+        )
     if optimizer not in ("adamw", "muon"):
         raise ValueError(f"optimizer={optimizer!r} must be 'adamw' or 'muon'")
     if schedule not in ("cosine", "wsd"):

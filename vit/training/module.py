@@ -47,6 +47,8 @@ class ViTClassifier(L.LightningModule):
         stem_from: ImageNet weights of a hybrid stem (`arch.stem` tf_efficientnet_lite*), for a new run only.
         layer_decay: layer-wise learning-rate decay (BEiT): block i of L gets lr * layer_decay ** (L + 1 - i).
         freeze_backbone_epochs: train only the head (and fc_norm) for this many epochs first.
+        freeze_stem_epochs: a pretrained CNN stem (`arch.stem` tf_efficientnet_lite*) takes no gradient for this many
+            epochs first while the new blocks on it train (LP-FT's argument; the hybrid plan sets 1).
         arch: the architecture (`vit.model.ViTConfig`; a dict of its fields also works): `model.arch` in YAML.
         moe_aux_weight: with `arch.moe_experts`, the weight of the load-balancing loss in the training loss (logged as
             train/moe_aux_loss); each epoch's expert usage goes to TensorBoard as histograms moe/expert_usage/layer_i.
@@ -101,6 +103,7 @@ class ViTClassifier(L.LightningModule):
         stem_from: str | None = None,
         layer_decay: float | None = None,
         freeze_backbone_epochs: int = 0,
+        freeze_stem_epochs: int = 0,
         skip_nonfinite: bool = False,
         ema_decay: float = 0.0,
         optimizer: Literal["adamw", "muon"] = "adamw",
@@ -134,6 +137,7 @@ class ViTClassifier(L.LightningModule):
                     "resize_until": resize_until, "patch_drop_until": patch_drop_until,
                     "teacher_share": teacher_share, "distill_weight": distill_weight},
             ema_decay=ema_decay, layer_decay=layer_decay, freeze_backbone_epochs=freeze_backbone_epochs,
+            freeze_stem_epochs=freeze_stem_epochs,
             optimizer=optimizer, schedule=schedule, resize_from=resize_from, class_names=class_names,
             teacher=teacher, task=task,
         )  # fmt: skip
@@ -161,7 +165,7 @@ class ViTClassifier(L.LightningModule):
         """What the hooks set during fit, empty until then."""
         self._guard, self._guard_on_device, self._skipped = NonFiniteGuard(), False, 0
         self._grad_norm: torch.Tensor | None = None  # () of this step's gradients, set in on_before_optimizer_step
-        self._frozen: list[torch.nn.Parameter] = []  # backbone parameters whose gradients a DDP step drops
+        self._frozen: list[torch.nn.Parameter] = []  # frozen parameters whose gradients a DDP step drops
         # The frozen teacher, set by TeacherFit; in __dict__, outside the module tree: not in the state dict, not
         # moved by .to(), not seen by the optimizer
         self.__dict__["teacher"] = None
@@ -260,7 +264,7 @@ class ViTClassifier(L.LightningModule):
         return loss
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        for p in self._frozen:  # freeze_backbone_epochs under DDP (on_train_epoch_start)
+        for p in self._frozen:  # freeze_*_epochs under DDP (on_train_epoch_start)
             p.grad = None
         # The gradients' total norm, once per step on the device: the non-finite check and clipping by norm share it.
         trainer, self._grad_norm = self._trainer, None
@@ -395,17 +399,26 @@ class ViTClassifier(L.LightningModule):
     def test_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, "test")
 
-    def on_train_epoch_start(self) -> None:
-        frozen = self.current_epoch < self.hparams.freeze_backbone_epochs
+    def _frozen_now(self) -> set[str]:
+        """The names of the parameters that take no gradient this epoch: all but the head's in the first
+        `freeze_backbone_epochs`, a CNN stem's (`patch_embed.stem.*`) in the first `freeze_stem_epochs`."""
+        epoch, hp = self.current_epoch, self.hparams
         heads = ("head.", "head_dist.", "fc_norm.")
-        backbone = [p for name, p in self.model.named_parameters() if not name.startswith(heads)]
-        # One process: no gradients for the backbone at all (no backward through it). Under DDP the parameters
-        # that take part were fixed when the model was wrapped, so they keep requires_grad and their gradients are
-        # dropped before the optimizer step instead (fused AdamW and Muon skip a parameter without a gradient).
+        names = [name for name, _ in self.model.named_parameters()]
+        frozen = {n for n in names if not n.startswith(heads)} if epoch < hp.freeze_backbone_epochs else set()
+        if epoch < hp.get("freeze_stem_epochs", 0):  # .get: checkpoints from before the field
+            frozen |= {n for n in names if n.startswith("patch_embed.stem.")}
+        return frozen
+
+    def on_train_epoch_start(self) -> None:
+        frozen = self._frozen_now()
+        # One process: no gradients for the frozen parameters at all (no backward through them). Under DDP the
+        # parameters that take part were fixed when the model was wrapped, so they keep requires_grad and their
+        # gradients are dropped before the optimizer step instead (fused AdamW and Muon skip a parameter without one).
         ddp = self._trainer is not None and self.trainer.world_size > 1
-        for p in backbone:
-            p.requires_grad_(not frozen or ddp)
-        self._frozen = backbone if frozen and ddp else []
+        for name, p in self.model.named_parameters():
+            p.requires_grad_(name not in frozen or ddp)
+        self._frozen = [p for name, p in self.model.named_parameters() if name in frozen] if ddp else []
         # Phases by the share of the epochs done (max_epochs as it stands: FitBudget may resize it).
         done = self.current_epoch / max(1, self.trainer.max_epochs or 1)
         hp = self.hparams
