@@ -403,6 +403,28 @@ def test_with_two_warmup_epochs_both_are_timed():
     assert 0.85 * 200 <= end <= 200, (trainer.max_epochs, end)
 
 
+@pytest.mark.parametrize("field", ["freeze_stem_epochs", "freeze_backbone_epochs"])
+def test_frozen_epochs_are_not_timed(field):
+    """A first epoch with frozen parameters skips their backward pass (here 3 s against the others' 8 s): timing it
+    would size the run for 3-s epochs. Nothing is decided after it; the first epoch that trains everything is timed,
+    and the run then ends on time."""
+    now = [0.0]
+    module = SimpleNamespace(hparams=SimpleNamespace(warmup_epochs=1, min_lr_ratio=0.01, **{field: 1}))
+    trainer = FakeTrainer(20, module)
+    cb = FitBudget(deadline=200.0, cap=100, clock=lambda: now[0], teardown_s=0.0)
+    for epoch, took in ((0, 3.0), (1, 8.0)):
+        trainer.current_epoch = epoch
+        cb.on_train_epoch_start(trainer, module)
+        assert trainer.max_epochs == 20  # nothing decided while the frozen epoch and the first full one run
+        now[0] += took
+    trainer.current_epoch = 2
+    cb.on_train_epoch_start(trainer, module)
+    end = now[0] + (trainer.max_epochs - 2) * 8.0
+    assert trainer.max_epochs == 23 and 0.85 * 200 <= end <= 200, (trainer.max_epochs, end)
+    lam = trainer.lr_scheduler_configs[0].scheduler.lr_lambdas[0]
+    assert lam(10 * 23) == pytest.approx(0.01) and lam(5) == pytest.approx(0.6)  # the cosine ends at the new total
+
+
 def test_precision_is_measured_on_the_chosen_model_and_bf16_taken_only_where_faster():
     """bf16 autocast where the machine runs it faster (a GPU, a CPU with AMX), fp32 where it is slower; the epochs
     that fit the budget follow the measured speed."""
