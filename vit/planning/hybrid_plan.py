@@ -17,7 +17,7 @@ from vit.planning.fingerprint import Fingerprint
 from vit.planning.plan import TIERS, Plan, Planner
 from vit.planning.speed import Machine
 
-# The route: the hybrid. On the cells at 15 minutes, folds 0-2 held out, 87.5 / 83.0% (accuracy / balanced) against the
+# The route: the hybrid. On the cells at 15 minutes, folds 0-2 held out, 87.1 / 83.5% (accuracy / balanced) against the
 # from-scratch plan's 81.0 / 75.2%; DeiT's route 81.0 / 72.9% where the hybrid at batch 64 had 84.4 / 82.0% (on the
 # screening fold, where the route was chosen: 87.0 / 81.9% against 79.9 / 73.0%; docs/recipes.md has the tables).
 HYBRID_ROUTE = "hybrid"
@@ -39,7 +39,9 @@ HYBRID_LR = 5e-4
 # al. 2022: new layers send pretrained features large, noisy gradients). On the cells' screening fold at 5 minutes, six
 # seeds each with its own validation split: 82.7 / 77.3% against 80.6 / 77.3%, ahead on 5 of 6; the first epoch has
 # no backward pass through the CNN, so the budget buys one more. Folds 0-2 at 15 minutes: 87.5 / 83.0% against 86.3 /
-# 81.5%, ahead on all three; at 5 minutes 80.2 / 78.5% against 84.4 / 78.5% (bench/experiments/imagenet_cells.md).
+# 81.5%, ahead on all three; at 5 minutes 80.2 / 78.5% against 84.4 / 78.5%. Those runs sized the budget from the
+# cheap frozen epoch (FitBudget times the first full one: vit/planning/planned_run.py); sized from a full epoch, 87.1 /
+# 83.5% and 83.2 / 77.9% (bench/experiments/imagenet_cells.md).
 HYBRID_FREEZE_STEM_EPOCHS = 1
 # Batch: at most HYBRID_BATCH on the small tier's sets (TIERS[0], up to 3,000 training images): half its 64, twice the
 # steps in the same epochs. On the cells' screening fold at 15 minutes 88.8 / 84.3% against 87.0 / 81.9% (validation
@@ -48,7 +50,7 @@ HYBRID_FREEZE_STEM_EPOCHS = 1
 HYBRID_BATCH = 32
 # A CNN step costs a CPU ~10x a small ViT's: calibration times a batch of this many images
 CALIBRATION_BATCH = 16
-MEASURED_HYBRID = "5 min: 72.9-86.6%, balanced 71.1-82.8%; 15 min: 86.2-88.3%, balanced 82.4-83.2% (1,181 300-px cells)"
+MEASURED_HYBRID = "5 min: 77.1-87.4%, balanced 71.4-83.1%; 15 min: 85.4-89.6%, balanced 82.2-85.2% (1,181 300-px cells)"
 
 
 class HybridPlanner(Planner):
