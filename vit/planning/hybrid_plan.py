@@ -50,7 +50,7 @@ HYBRID_FREEZE_STEM_EPOCHS = 1
 HYBRID_BATCH = 32
 # A CNN step costs a CPU ~10x a small ViT's: calibration times a batch of this many images
 CALIBRATION_BATCH = 16
-MEASURED_HYBRID = "5 min: 77.1-87.4%, balanced 71.4-83.1%; 15 min: 85.4-89.6%, balanced 82.2-85.2% (1,181 300-px cells)"
+MEASURED_HYBRID = "5 min: 77.1-87.4%, balanced 71.4-83.1%; 15 min: 83.0-89.6%, balanced 82.2-85.2% (1,181 300-px cells)"
 
 
 class HybridPlanner(Planner):
