@@ -15,9 +15,10 @@ from fake_speeds import CPU2, speeds_by_tokens, speeds_like_2_cores
 import train
 from bench.digits_folder import write_digits_folder
 from vit.planning.budget import parse_budget
+from vit.planning.explicit import explicit_keys, is_explicit
 from vit.planning.fingerprint import Fingerprint, mirror_symmetry
 from vit.planning.plan import MODELS, make_plan
-from vit.planning.planned_run import FitBudget, explicit_keys, is_explicit
+from vit.planning.planned_run import FitBudget
 from vit.planning.speed import Machine
 
 GPU = Machine("cuda", 16, "H200", 139.0)

@@ -67,7 +67,7 @@ class ViTCLI(LightningCLI):
         super()._parse_ckpt_path()
 
     def __init__(self, *args, args_list: Sequence[str] = (), **kwargs):
-        self._argv, self._plan = list(args_list), None
+        self._argv, self._plan, self._said = list(args_list), None, None
         super().__init__(*args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:
@@ -81,7 +81,7 @@ class ViTCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         sub = self.config[self.subcommand] if self.subcommand else self.config
         try:  # memory share, pretrained weights, the plan (before anything is built), precision
-            self._plan = fit_steps.before_build(sub, self.subcommand, self._argv)
+            self._plan, self._said = fit_steps.before_build(sub, self.subcommand, self._argv)
         except ValueError as e:
             raise UsageError(f"error: {e}") from None
 
@@ -98,6 +98,7 @@ class ViTCLI(LightningCLI):
             raise UsageError(f"error: {root_cause(e)}") from None
 
     def instantiate_trainer(self, **kwargs):
+        fit_steps.say_precision(self._said)  # after the data is built: a missing dataset is the first line printed
         if (seed := self.config.get(self._seed_key)) is not False:
             rank_zero_info(f"Seed set to {seed}")
         return super().instantiate_trainer(plugins=[AtomicCheckpointIO()], **kwargs)

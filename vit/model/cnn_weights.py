@@ -131,7 +131,24 @@ def wheel_file(name: str) -> Path:
     return found[0]
 
 
+# The last file read, by (path, size, modification time): a run asks for its CNN's weights three times (is the source
+# a CNN's, the config from it, the model's stem): one full read of the file serves all three.
+_LAST_READ: dict[tuple[str, int, int], dict[str, torch.Tensor]] = {}
+
+
 def _read(path: Path) -> dict[str, torch.Tensor]:
+    """The state dict in `path`, read once while the file stays the same (the dict is shared: callers copy, never
+    change it)."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _LAST_READ:
+        sd = _read_file(path)
+        _LAST_READ.clear()  # one file at a time: a run's CNN, not every file a process ever opened
+        _LAST_READ[key] = sd
+    return _LAST_READ[key]
+
+
+def _read_file(path: Path) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 

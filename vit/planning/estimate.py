@@ -9,7 +9,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-# The bf16 check's steps: a warm-up and two timed steps at batch 2, in fp32 and in bf16.
+# Runs of at most this many steps are not checked for a slow bf16 (the check's own steps would double them).
 CHECK_STEPS = 6
 # After the first line, the speed is re-read every RECHECK_STEPS steps inside an epoch (one clock read, no device
 # synchronisation: over that many steps a GPU's queue is full, so the wall clock is its speed), and a line printed
@@ -33,27 +33,27 @@ class RunEstimate(L.Callback):
         self.bf16_slowdown: float | None = None  # fp32's speed over bf16's, measured when a CPU run asks for bf16
 
     def on_train_start(self, trainer, pl_module) -> None:
-        """bf16-mixed on a CPU: a few steps of the model at batch 2 in fp32 and in bf16 first. CPUs without bf16
-        instructions (AVX2 only) run bf16 ~12x slower (docs/performance.md); say so before the first real step, which
-        would otherwise be the first sign. GPUs are not checked: bf16 is their fast path, and neither is a run of at
+        """bf16-mixed on a CPU: the precision rule's answer first (vit/planning/precision.py decide_precision: the
+        CPU's flags, else a few steps of the model in fp32 and in bf16). CPUs without bf16 instructions (AVX2 only)
+        emulate it, many times slower (docs/performance.md); say so before the first real step, which would otherwise
+        be the first sign. GPUs are not checked: bf16 is their fast path, and neither is a run of at
         most CHECK_STEPS steps (a smoke run, fast_dev_run): there the check would take as long as the run."""
         if pl_module.device.type != "cpu" or "bf16" not in str(trainer.precision):
             return
         if trainer.estimated_stepping_batches <= CHECK_STEPS:
             return
-        from vit.planning.plan import BF16_GAIN
-        from vit.planning.speed import calibrate
+        from vit.planning.precision import decide_precision, probe
 
-        cfg = pl_module.model.cfg
-        fp32, bf16 = (
-            calibrate([cfg], 2, "cpu", p, steps=CHECK_STEPS // 2 - 1, warmup=1)[0] for p in ("32-true", "bf16-mixed")
-        )
-        if fp32 > BF16_GAIN * bf16:
-            self.bf16_slowdown = fp32 / bf16
+        timed = []  # (fp32, bf16) images/s, where the rule measures them
+        chosen, _ = decide_precision("cpu", lambda: timed.append(probe(pl_module.model.cfg)) or timed[0])
+        if chosen == "32-true":
+            self.bf16_slowdown = timed[0][0] / timed[0][1] if timed else math.inf  # inf: emulated, not timed
             if trainer.is_global_zero:
                 print(f"bf16-mixed {self._bf16_note()}", flush=True)
 
     def _bf16_note(self) -> str:
+        if math.isinf(self.bf16_slowdown):
+            return "is emulated on this CPU (no native bf16), many times slower than fp32: --trainer.precision 32-true"
         return f"measured {self.bf16_slowdown:.1f}x slower than fp32 on this CPU: --trainer.precision 32-true"
 
     @staticmethod

@@ -21,9 +21,10 @@ from collections.abc import Sequence
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from vit.model.cnn_weights import CnnWeights, is_cnn_source, read_cnn_weights
+from vit.model.cnn_weights import WHEELS, CnnWeights, CnnWeightsError, is_cnn_source, read_cnn_weights
 from vit.model.pretrained import FREE, Pretrained, find_pretrained
-from vit.planning.planned_run import explicit_keys, is_explicit
+from vit.model.stems import HYBRID_STEMS
+from vit.planning.explicit import explicit_keys, is_explicit
 
 # What timm's VisionTransformer is, in our fields: set with timm weights unless you set them.
 TIMM_PLAIN = dict(
@@ -91,6 +92,11 @@ def apply_cnn_weights(config, source: str, explicit: set[str]) -> CnnWeights:
     from vit.planning.hybrid_plan import HYBRID_PATCH
 
     weights = read_cnn_weights(source)
+    if weights.arch not in HYBRID_STEMS:
+        raise CnnWeightsError(
+            f"init_from={source}: {weights.arch} weights; the hybrid's stem takes {', '.join(HYBRID_STEMS)} (the "
+            f"wheels {', '.join(WHEELS)}, their files, or timm's files of those models)"
+        )
     config.model.init_from = None  # ViT weights: none; the stem's are loaded from stem_from
     if is_explicit("model.arch.stem", explicit) and config.model.arch.stem != weights.arch:
         raise ValueError(f"--model.arch.stem {config.model.arch.stem} contradicts the weights' {weights.arch} "

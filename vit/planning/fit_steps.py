@@ -21,9 +21,10 @@ from lightning.pytorch.utilities import rank_zero_only
 from vit.evaluation.after_fit import after_fit_lines
 from vit.evaluation.label_issues import label_issue_finder
 from vit.planning.estimate import RunEstimate
+from vit.planning.explicit import explicit_keys, is_explicit
 from vit.planning.fine_tune import apply_weights
 from vit.planning.plan import Plan
-from vit.planning.planned_run import apply_plan, explicit_keys, is_explicit, keep_plan_and_budget, plan_yaml
+from vit.planning.planned_run import apply_plan, keep_plan_and_budget, plan_yaml
 from vit.planning.precision import apply_precision
 from vit.training.run import best_checkpoint_lines, prepare_checkpoints, resume_target, share_memory_budget
 from vit.training.run_folders import run_files_folder
@@ -35,21 +36,27 @@ def _explicit(config, argv: Sequence[str]) -> set[str]:
     return explicit_keys(argv, [str(p) for p in (config.get("config") or [])])
 
 
-def before_build(config, subcommand: str | None, argv: Sequence[str]) -> Planned | None:
+def before_build(config, subcommand: str | None, argv: Sequence[str]) -> tuple[Planned | None, str | None]:
     """The subcommand's parsed `config` made ready to build, in place: each local process's share of the decoded-image
     memory, then for `fit` the pretrained weights (their architecture is the model, so a plan is a fine-tune of it)
-    and the plan (a folder is then decoded once, at the planned size), then the precision (`auto` follows this machine;
-    the line saying so printed). Returns the plan, if one was made. Weights or a plan that cannot run: ValueError."""
+    and the plan (a folder is then decoded once, at the planned size), then the precision (`auto` follows this machine).
+    Returns the plan, if one was made, and the precision's line to print once the data is built (say_precision): a
+    data source that is missing is then the first and only line. Weights or a plan that cannot run: ValueError."""
     share_memory_budget(config)
     planned = None
+    if str(config.get("model.init_from") or "").lower() == "none":
+        config.model.init_from = None  # `--model.init_from none`: from scratch, where a plan would choose weights too
     if subcommand == "fit":
         if config.get("ckpt_path"):  # the checkpoint holds the weights; the files may have moved since
             config.model.init_from = config.model.stem_from = None
         planned = apply_plan(config, argv, weights=apply_weights(config, argv))
-    said = apply_precision(config, _explicit(config, argv))
+    return planned, apply_precision(config, _explicit(config, argv))
+
+
+def say_precision(said: str | None) -> None:
+    """before_build's precision line, on rank 0 (a warning to stderr)."""
     if said and rank_zero_only.rank == 0:
         print(said, file=sys.stderr if said.startswith("warning") else sys.stdout, flush=True)
-    return planned
 
 
 def before_fit(trainer: L.Trainer, datamodule, config, *, planned: Planned | None, argv: Sequence[str],

@@ -53,13 +53,18 @@ CALIBRATION_BATCH = 16
 MEASURED_HYBRID = "5 min: 77.1-87.4%, balanced 71.4-83.1%; 15 min: 83.0-89.6%, balanced 82.2-85.2% (1,181 300-px cells)"
 
 
+class HybridTooSlow(ValueError):
+    """The budget buys the hybrid fewer than HYBRID_MIN_EPOCHS epochs at its smallest side (the message: how many)."""
+
+
 class HybridPlanner(Planner):
     """Planner's steps for the hybrid of `arch` (a timm CNN name, HYBRID_STEMS) whose weights come from `source`."""
 
     def __init__(self, fp: Fingerprint, machine: Machine, budget_s, elapsed_s, speed_fn=None, *, arch: str,
-                 source: str):  # fmt: skip
+                 source: str, floor: bool = False):  # fmt: skip
         super().__init__(fp, machine, budget_s, elapsed_s, speed_fn)
         self.cnn, self.source = arch, source
+        self.floor = floor  # the planner's own choice of start: below the floor the hybrid is not worth its budget
         self.stem, self.patch = arch, HYBRID_PATCH
         self.models, self.max_model = [HYBRID_MODEL], 0
         self.optimizer, self.lr = "adamw", HYBRID_LR
@@ -84,10 +89,13 @@ class HybridPlanner(Planner):
         self.after_fit = self.after_fit_seconds(self.speeds[self.choice])
         self.estimate += self.after_fit
 
+    def epochs_bought(self, speed: float) -> float:
+        """The epochs that the budget left buys of a side trained at `speed` images/s (the passes after fit at that
+        speed set aside)."""
+        return (super().spare_s() - self.after_fit_seconds(speed)) / self.epoch_seconds(speed)
+
     def buys_floor(self, speed: float) -> bool:
-        """Whether the budget left buys HYBRID_MIN_EPOCHS epochs of a side trained at `speed` images/s (the passes
-        after fit at that speed set aside)."""
-        return (super().spare_s() - self.after_fit_seconds(speed)) / self.epoch_seconds(speed) >= HYBRID_MIN_EPOCHS
+        return self.epochs_bought(speed) >= HYBRID_MIN_EPOCHS
 
     def choose_grid(self) -> None:
         if self.budget_s is None:
@@ -99,6 +107,12 @@ class HybridPlanner(Planner):
         ref = HYBRID_SIDE
         speed = self.timed(self.candidates(ref, self.patch))[0]
         self.img_size = next((s for s in HYBRID_SIDES if self.buys_floor(speed * (ref / s) ** 2)), HYBRID_SIDES[-1])
+        smallest = self.epochs_bought(speed * (ref / HYBRID_SIDES[-1]) ** 2)
+        if self.floor and smallest < HYBRID_MIN_EPOCHS:
+            raise HybridTooSlow(
+                f"the hybrid's epochs at {HYBRID_SIDES[-1]} px: ~{max(0.0, smallest):.0f} of {HYBRID_MIN_EPOCHS} in "
+                f"the {self.budget_s:.0f} s budget"
+            )
         self.after_fit = self.after_fit_seconds(speed * (ref / self.img_size) ** 2)
         self.why_grid = (
             f"the largest of {', '.join(map(str, HYBRID_SIDES))} px with >= {HYBRID_MIN_EPOCHS} epochs in the budget"
@@ -143,6 +157,10 @@ class HybridPlanner(Planner):
         return rows
 
 
-def make_hybrid_plan(fp, machine, budget_s=None, elapsed_s=0.0, speed_fn=None, *, arch: str, source: str) -> Plan:
-    """make_plan (vit/planning/plan.py) for the hybrid of the timm CNN `arch` with weights from `source`."""
-    return HybridPlanner(fp, machine, budget_s, elapsed_s, speed_fn, arch=arch, source=source).plan()
+def make_hybrid_plan(
+    fp, machine, budget_s=None, elapsed_s=0.0, speed_fn=None, *, arch: str, source: str, floor: bool = False
+) -> Plan:
+    """make_plan (vit/planning/plan.py) for the hybrid of the timm CNN `arch` with weights from `source`. `floor`:
+    raise HybridTooSlow where the budget buys fewer than HYBRID_MIN_EPOCHS epochs at the smallest side (the planner's
+    own choice of start falls back to from scratch there; weights you named train whatever fits)."""
+    return HybridPlanner(fp, machine, budget_s, elapsed_s, speed_fn, arch=arch, source=source, floor=floor).plan()

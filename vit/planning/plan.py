@@ -24,6 +24,7 @@ from typing import Any
 from vit.model.config import ViTConfig
 from vit.model.patch_embed import patch_grid
 from vit.planning.fingerprint import Fingerprint
+from vit.planning.precision import decide_precision
 from vit.planning.speed import Machine, calibrate
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -121,10 +122,6 @@ LONG_TAIL_BALANCE = 0.5
 MAP_SHARE = 0.02
 MAP_LOGS = 5
 MAP_IMAGES = 32
-
-# bf16 autocast is taken when its measured training step is this much faster than fp32's (a margin over the noise of
-# a few timed steps; it also rounds differently, so it must buy something).
-BF16_GAIN = 1.1
 
 
 @dataclass
@@ -302,11 +299,15 @@ class Planner:
         self.why_epochs = f"as many as fit in the {self.budget_s:.0f} s budget (at most {self.most})"
 
     def choose_precision(self) -> None:
-        # Measured on the chosen model: bf16 autocast is several times faster on GPUs and on CPUs with AMX, slower on
-        # others (this project's 2-core Xeon with AVX512-BF16: 0.65x at 64x3, 0.96x at 128x6, 2026-12-01).
-        self.bf16 = self.timed([self.archs[self.choice]], "bf16-mixed")[0]
-        self.fp32_speed = self.speeds[self.choice]
-        self.precision = "bf16-mixed" if self.bf16 > BF16_GAIN * self.fp32_speed else "32-true"
+        # vit/planning/precision.py's rule: bf16 on a GPU that has it; fp32 on a CPU whose flags say bf16 is emulated
+        # (not timed: the flags answer); else the chosen model timed in both, bf16 where BF16_GAIN faster.
+        arch, self.fp32_speed = self.archs[self.choice], self.speeds[self.choice]
+        self.bf16 = None
+        if self.machine.device == "cuda" or self.machine.native_bf16 is not False:
+            self.bf16 = self.timed([arch], "bf16-mixed")[0]
+        self.precision, self.why_precision = decide_precision(
+            self.machine.device, lambda: (self.fp32_speed, self.bf16), native=lambda: self.machine.native_bf16
+        )
         if self.precision == "bf16-mixed":
             self.speeds = [*self.speeds[: self.choice], self.bf16, *self.speeds[self.choice + 1 :]]
             if self.spare is not None:
@@ -372,7 +373,8 @@ class Planner:
             + (", mixup/cutmix" if self.mixup else "")
         )
         gray = "grayscale" if fp.grayscale >= 0.5 else "colour"
-        measured = f"{w}x{d} measured: fp32 {self.fp32_speed:.0f} img/s, bf16 {self.bf16:.0f} img/s"
+        bf16 = f"bf16 {self.bf16:.0f} img/s" if self.bf16 is not None else "bf16 not timed"
+        measured = f"{w}x{d}: fp32 {self.fp32_speed:.0f} img/s, {bf16}; {self.why_precision}"
         tokens = math.prod(patch_grid(self.img_size, self.patch))
         rows = [
             ("data", f"{fp.n_train} train / {fp.n_val} val, {fp.num_classes} classes",
@@ -382,7 +384,7 @@ class Planner:
              f"flips when >= {FLIP_SYMMETRY}, turns when >= {TURN_SYMMETRY}"),
             ("machine", str(self.machine), f"decode ~{fp.decode_s:.0f} s"),
             ("speed (img/s)", speed_text, f"training steps at batch {self.timing_batch()}, fp32, {opt}"),
-            ("precision", self.precision, f"{measured} (bf16 when > {BF16_GAIN}x)"),
+            ("precision", self.precision, measured),
             ("img_size, patch", f"{self.img_size}, {self.patch}", f"{tokens} tokens: {self.why_grid}"),
             ("model", f"{w} wide, {d} blocks, {h} heads", self.why_model),
             ("epochs", str(self.epochs), self.why_epochs + f"; ~{self.epoch_s:.1f} s each"),

@@ -18,72 +18,26 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import lightning as L
-import yaml
 from lightning.pytorch.utilities import rank_zero_info
 
 from vit.data.sources import source_for
-from vit.model.cnn_weights import CnnWeights
+from vit.model.cnn_weights import CnnWeights, read_cnn_weights
 from vit.model.config import follows_patch_grid
 from vit.model.pretrained import Pretrained
 from vit.planning.budget import parse_budget, process_start
+from vit.planning.explicit import explicit_keys, is_explicit
+from vit.planning.fine_tune import apply_cnn_weights
 from vit.planning.fine_tune_plan import make_fine_tune_plan
 from vit.planning.fingerprint import fingerprint
 from vit.planning.hybrid_plan import make_hybrid_plan
 from vit.planning.plan import FIXED_S, Plan, make_plan, warmup_epochs
 from vit.planning.speed import Machine
+from vit.planning.start import choose_start
 from vit.training.schedules import lr_factor, schedule_warmup
 
 # Of the remaining budget, kept free when FitBudget resizes the run: timed epochs leave out the attention maps (five
 # times a run) and the drift of a shared machine. With 5% and one timed epoch, runs ended 7-11% over 3 and 5 minutes.
 RESERVE = 0.10
-
-
-def _flatten(tree, prefix: str = "") -> set[str]:
-    if not isinstance(tree, dict) or not tree:
-        return {prefix} if prefix else set()
-    keys = set()
-    for k, v in tree.items():
-        keys |= _flatten(v, f"{prefix}.{k}" if prefix else str(k))
-    return keys
-
-
-def _canonical(key: str) -> str:
-    """`data.root` and `data.init_args.root` name the same field (subclass mode accepts both)."""
-    parts = key.split(".")
-    if parts[0] == "data" and len(parts) > 1 and parts[1] not in ("init_args", "class_path"):
-        parts.insert(1, "init_args")
-    return ".".join(parts)
-
-
-def shipped_recipe(path: str | Path) -> bool:
-    """A recipe config shipped with the toolkit (configs/*.yaml of the package or this checkout, not the variants):
-    with --budget its recipe fields are what the plan replaces; its data source, seed and logger stay."""
-    package = Path(__file__).resolve().parent.parent  # vit/
-    p = Path(path).resolve()
-    return any(p.parent == root and p.suffix == ".yaml" for root in (package / "configs", package.parent / "configs"))
-
-
-def explicit_keys(argv: Sequence[str], config_paths: Sequence[str | Path]) -> set[str]:
-    """Every config key the user set: in a `--config` file of their own (not a shipped recipe: `python train.py
-    --budget 30min` plans CIFAR-10 instead of keeping configs/cifar10.yaml's 200 epochs) or as a `--key value` flag.
-    These win over the plan."""
-    keys: set[str] = set()
-    for path in config_paths:
-        if shipped_recipe(path):
-            continue
-        try:
-            keys |= _flatten(yaml.safe_load(Path(path).read_text()) or {})
-        except (OSError, yaml.YAMLError):
-            continue  # jsonargparse has parsed (or reported) it already
-    for a in argv:
-        if a.startswith("--") and a != "--config" and not a.startswith("--config="):
-            keys.add(a[2:].split("=", 1)[0].rstrip("+"))
-    return {_canonical(k) for k in keys}
-
-
-def is_explicit(key: str, explicit: set[str]) -> bool:
-    parts = key.split(".")
-    return any(".".join(parts[:i]) in explicit for i in range(1, len(parts) + 1))
 
 
 def apply_plan(
@@ -117,7 +71,7 @@ def apply_plan(
         source = weights.source
         plan = make_fine_tune_plan(fp, Machine.here(), budget, clock() - start, arch=arch, source=source)
     else:
-        plan = make_plan(fp, Machine.here(), budget_s=budget, elapsed_s=clock() - start)
+        plan = plan_a_start(config, fp, budget, explicit, lambda: clock() - start)
     yours = []
     for key, value in plan.overrides.items():
         if is_explicit(key, explicit):
@@ -143,6 +97,33 @@ def apply_plan(
     rank_zero_info(f"plan for {fp.root}:\n{plan.table()}")
     deadline = start + budget if budget is not None else None
     return plan, deadline
+
+
+def plan_a_start(config, fp, budget: float | None, explicit: set[str], elapsed: Callable[[], float]) -> Plan:
+    """The plan when you named no weights: the start the data's kind takes (vit/planning/start.py), the hybrid's
+    weights written into `config` where it is chosen and the budget buys it its floor, else from scratch; the
+    plan's first row says which and why. `elapsed()`: the seconds of the budget spent so far."""
+    init_set = is_explicit("model.init_from", explicit)  # `--model.init_from none` (a value would be weights)
+    yours = next(
+        (f"--{k}" for k in ("model.arch.stem", "model.stem_from", "model.teacher") if is_explicit(k, explicit)), None
+    )
+    start = choose_start(fp, forced_off=init_set, yours=yours)
+    why = start.why
+    if start.source:
+        try:
+            weights = read_cnn_weights(start.source)
+            plan = make_hybrid_plan(
+                fp, Machine.here(), budget, elapsed(), arch=weights.arch, source=weights.source, floor=True
+            )
+        except ValueError as e:  # HybridTooSlow, or weights that cannot be read: the reason goes in the row
+            why = f"{start.kind}, but {e}"
+        else:
+            apply_cnn_weights(config, start.source, explicit)
+            plan.rows.insert(0, ("start", f"ImageNet weights: {start.source} (hybrid)", why))
+            return plan
+    plan = make_plan(fp, Machine.here(), budget_s=budget, elapsed_s=elapsed())
+    plan.rows.insert(0, ("start", "from scratch", why))
+    return plan
 
 
 def add_plan_arguments(parser) -> None:

@@ -25,20 +25,48 @@ from lightning.fabric.connector import _PRECISION_INPUT
 
 from vit.model.config import ViTConfig
 
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo's names of the instructions that make bf16 native
+# The CPU feature names that make bf16 native: x86's in /proc/cpuinfo's `flags` (AVX512-BF16, AMX-BF16), Arm's in
+# its `Features` line (FEAT_BF16, Armv8.6 and later: Graviton 3, Apple M2)
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+# The one probe of both precisions on a CPU that has bf16: a few training steps of the run's model at this batch
 PROBE_BATCH, PROBE_STEPS = 8, 3
+BF16_GAIN = 1.1  # bf16 is taken where its training step is this much faster than fp32's: it rounds, so it must buy
 
 
 def native_bf16_cpu(cpuinfo: str | None = None) -> bool | None:
-    """Whether this CPU computes bf16 natively (its flags name AVX512-BF16 or AMX-BF16); None where it cannot be read
-    (not Linux)."""
+    """Whether this CPU computes bf16 natively (its flags name AVX512-BF16 or AMX-BF16, or Arm's BF16); None where
+    it cannot be read (not Linux)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
             return None
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    lines = [line.split(":", 1) for line in cpuinfo.splitlines() if ":" in line]
+    flags = next((value.split() for key, value in lines if key.strip() in ("flags", "Features")), [])
     return any(f in flags for f in BF16_FLAGS)
+
+
+def decide_precision(device: str, measure, *, native=None) -> tuple[str, str]:
+    """The precision rule, for `precision: auto`, the plan and the run's first check alike: (Lightning's precision,
+    why). `device` "cuda" or "cpu"; `measure()` -> (fp32, bf16) training images/s of the run's model, called only on a
+    CPU whose bf16 is native or unknown (elsewhere the flags answer); `native`: native_bf16_cpu unless given."""
+    if device == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return "bf16-mixed", "a GPU with bf16"
+        return "16-mixed", "a GPU without bf16: fp16 autocast with a gradient scaler"
+    has = (native or native_bf16_cpu)()
+    if has is False:
+        return (
+            "32-true",
+            "a CPU without native bf16 (no AVX512-BF16, AMX or Arm BF16): bf16 would be emulated, ~30x slower",
+        )
+    fp32, bf16 = measure()
+    chosen = "bf16-mixed" if bf16 > BF16_GAIN * fp32 else "32-true"
+    kind = "native bf16" if has else "unknown bf16 support"
+    return (
+        chosen,
+        f"a CPU with {kind}: measured fp32 {fp32:.0f} img/s, bf16 {bf16:.0f} img/s (bf16 when > {BF16_GAIN}x)",
+    )
 
 
 def _device(accelerator: str | None) -> str:
@@ -60,27 +88,12 @@ def resolve_precision(
 ) -> tuple[str, str]:
     """(Lightning's precision, why) for `requested` ("auto" resolves; anything else is kept as given). `native`,
     `measure`: native_bf16_cpu and probe unless given (tests pass fakes)."""
-    native, measure = native or native_bf16_cpu, measure or probe
     if str(requested) != "auto":
         return str(requested), "as given"
-    if _device(accelerator) == "cuda":
-        if torch.cuda.is_bf16_supported():
-            return "bf16-mixed", "a GPU with bf16"
-        return "16-mixed", "a GPU without bf16: fp16 autocast with a gradient scaler"
-    has = native()
-    if has is False:
-        return "32-true", "a CPU without native bf16 (no AVX512-BF16 or AMX): bf16 would be emulated, ~30x slower"
-    if arch is None:
+    device = _device(accelerator)
+    if arch is None and device == "cpu" and (native or native_bf16_cpu)() is not False:
         return "32-true", "a CPU: fp32 (no model to time bf16 on)"
-    fp32, bf16 = measure(arch)
-    from vit.planning.plan import BF16_GAIN
-
-    chosen = "bf16-mixed" if bf16 > BF16_GAIN * fp32 else "32-true"
-    kind = "native bf16" if has else "unknown bf16 support"
-    return (
-        chosen,
-        f"a CPU with {kind}: measured fp32 {fp32:.0f} img/s, bf16 {bf16:.0f} img/s (bf16 when > {BF16_GAIN}x)",
-    )
+    return decide_precision(device, lambda: (measure or probe)(arch), native=native)
 
 
 def precision_warning(requested, accelerator: str | None, *, native=None) -> str | None:

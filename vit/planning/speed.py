@@ -20,14 +20,17 @@ class Machine:
     cores: int
     gpu: str = ""
     gpu_mem_gb: float = 0.0
+    native_bf16: bool | None = None  # a CPU's flags name native bf16 (vit/planning/precision.py); None: not read
 
     @staticmethod
     def here() -> Machine:
+        from vit.planning.precision import native_bf16_cpu
+
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         if torch.cuda.is_available():
             p = torch.cuda.get_device_properties(0)
             return Machine("cuda", cores, p.name, p.total_memory / 2**30)
-        return Machine("cpu", cores)
+        return Machine("cpu", cores, native_bf16=native_bf16_cpu())
 
     def __str__(self) -> str:
         return f"{self.gpu} ({self.gpu_mem_gb:.0f} GB)" if self.device == "cuda" else f"CPU, {self.cores} cores"

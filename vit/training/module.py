@@ -21,6 +21,7 @@ from vit.model.start_weights import forget_weight_files, load_start_weights
 from vit.model.vision_transformer import VisionTransformer
 from vit.training.arguments import check_arguments
 from vit.training.drloc import RelativeLocalization
+from vit.training.freezing import frozen_names, hold_batchnorm
 from vit.training.losses import LossTerms
 from vit.training.metrics import ConfusionCounts, TopKAccuracy, expert_usage_histograms
 from vit.training.multilabel import multilabel_loss, multilabel_metrics
@@ -166,6 +167,7 @@ class ViTClassifier(L.LightningModule):
         self._guard, self._guard_on_device, self._skipped = NonFiniteGuard(), False, 0
         self._grad_norm: torch.Tensor | None = None  # () of this step's gradients, set in on_before_optimizer_step
         self._frozen: list[torch.nn.Parameter] = []  # frozen parameters whose gradients a DDP step drops
+        self._held: set[str] = set()  # names of the parameters frozen this epoch (training/freezing.py)
         # The frozen teacher, set by TeacherFit; in __dict__, outside the module tree: not in the state dict, not
         # moved by .to(), not seen by the optimizer
         self.__dict__["teacher"] = None
@@ -399,19 +401,16 @@ class ViTClassifier(L.LightningModule):
     def test_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, "test")
 
-    def _frozen_now(self) -> set[str]:
-        """The names of the parameters that take no gradient this epoch: all but the head's in the first
-        `freeze_backbone_epochs`, a CNN stem's (`patch_embed.stem.*`) in the first `freeze_stem_epochs`."""
-        epoch, hp = self.current_epoch, self.hparams
-        heads = ("head.", "head_dist.", "fc_norm.")
-        names = [name for name, _ in self.model.named_parameters()]
-        frozen = {n for n in names if not n.startswith(heads)} if epoch < hp.freeze_backbone_epochs else set()
-        if epoch < hp.get("freeze_stem_epochs", 0):  # .get: checkpoints from before the field
-            frozen |= {n for n in names if n.startswith("patch_embed.stem.")}
-        return frozen
+    def train(self, mode: bool = True):
+        """nn.Module.train, with the BatchNorm layers of frozen parameters held in eval mode (training/freezing.py):
+        Lightning calls it at the start of fit and after each validation."""
+        super().train(mode)
+        hold_batchnorm(self.model, getattr(self, "_held", set()), mode)
+        return self
 
     def on_train_epoch_start(self) -> None:
-        frozen = self._frozen_now()
+        frozen = self._held = frozen_names(self.model, self.current_epoch, self.hparams)
+        hold_batchnorm(self.model, frozen, self.training)
         # One process: no gradients for the frozen parameters at all (no backward through them). Under DDP the
         # parameters that take part were fixed when the model was wrapped, so they keep requires_grad and their
         # gradients are dropped before the optimizer step instead (fused AdamW and Muon skip a parameter without one).
