@@ -81,3 +81,30 @@ def test_the_readme_the_docs_and_the_configs_state_rules_not_the_story_of_the_wo
     found = narration([tmp_path / "b.md"])
     assert [line.split(": ")[0] for line in found] == ["b.md:1", "b.md:2", "b.md:2", "b.md:3", "b.md:4", "b.md:6",
                                                        "b.md:8"]  # fmt: skip
+
+
+# How the work went, told in a code comment (written so that no line here matches itself: [ ] stands for a space)
+COMMENT_HISTORY = re.compile(
+    r"\b(?:not[ ]adopted|was[ ]adopted|the[ ]old[ ]rule|the[ ]new[ ]rule|was[ ]dropped|were[ ]dropped|fixed[ ]before"
+    r"[ ]they[ ]ran|screened[ ]on|of[ ]its[ ]day|this[ ]session|the[ ]round[ ]before|before[ ]the[ ]fix"
+    r"|20\d\d-\d\d-\d\d)\b",
+    re.I,
+)
+
+
+def comment_history(files: list[Path]) -> list[str]:
+    """`file:line` for each comment (the text after `#`) that tells how the work went rather than why the code is so."""
+    return [
+        f"{f.relative_to(ROOT) if f.is_relative_to(ROOT) else f.name}:{i}"
+        for f in files
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        if "#" in line and COMMENT_HISTORY.search(line.split("#", 1)[1])
+    ]
+
+
+def test_comments_in_the_package_and_the_benchmarks_say_why_in_the_present_tense(tmp_path):
+    files = [*sorted((ROOT / "vit").rglob("*.py")), *sorted((ROOT / "bench").rglob("*.py"))]
+    assert comment_history(files) == []
+    old = "the old" + " rule"
+    (tmp_path / "c.py").write_text(f"x = 1  # {old} was worse\ny = 2  # faster: one kernel, not three\n")
+    assert comment_history([tmp_path / "c.py"]) == ["c.py:1"]

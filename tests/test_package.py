@@ -218,7 +218,7 @@ def test_commands_define_no_reusable_classes():
 
 
 def test_the_training_command_parses_and_calls():
-    """vit-train's LightningCLI hooks each hand one step to the library (vit/planning/fit_steps.py,
+    """vit-train's LightningCLI hooks each hand one step to the library (vit/run/steps.py,
     vit/training/run.py): a hook long enough to hold a step of the run (a plan, resume, after-fit passes) fails here."""
     import ast
 
@@ -228,6 +228,20 @@ def test_the_training_command_parses_and_calls():
     assert {"before_instantiate_classes", "before_fit", "after_fit"} <= set(hooks)
     assert {name: n for name, n in hooks.items() if n > 12} == {}
     assert len((ROOT / "vit" / "commands" / "train.py").read_text().splitlines()) <= 180
+
+
+def test_planning_computes_and_the_run_acts():
+    """vit/planning/ holds the plan's pure functions: no Lightning Callback or Trainer (they live in vit/run/)."""
+    import ast
+
+    bases = {
+        f"{path.name}:{node.name}"
+        for path in (ROOT / "vit" / "planning").glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and any("Callback" in ast.unparse(b) or "Trainer" in ast.unparse(b) for b in node.bases)
+    }
+    assert bases == set()
 
 
 # The style guide's sizes: a module past ~450 lines holds two ideas, a function past ~80 lines does too.
@@ -288,7 +302,7 @@ def test_the_declared_lightning_floor_has_what_the_toolkit_uses():
 
 # The subpackages of vit/, lowest first; a package imports only from packages of a lower rank (model and data, and
 # planning and deployment, import neither each other). vit/__init__.py names the same order.
-RANKS = {"model": 0, "data": 0, "training": 1, "evaluation": 2, "planning": 3, "deployment": 3, "commands": 4}
+RANKS = {"model": 0, "data": 0, "training": 1, "evaluation": 2, "planning": 3, "deployment": 3, "run": 4, "commands": 5}
 
 
 def _upward(edges: dict[str, set[str]]) -> list[tuple[str, str]]:

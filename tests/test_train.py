@@ -308,7 +308,7 @@ def test_ema_weights_are_validated_and_saved(in_tmp):
 
 def test_a_fixed_recipe_prints_its_estimated_wall_time_before_the_first_epoch_ends(smoke_run):
     """The smoke run (2 epochs of 4 steps): one line with the whole run's estimate, before the first validation."""
-    from vit.planning.estimate import RunEstimate
+    from vit.run.estimate import RunEstimate
 
     estimate = next(cb for cb in smoke_run.cli.trainer.callbacks if isinstance(cb, RunEstimate))
     assert estimate.estimate_s is not None and 0 < estimate.estimate_s < 600
@@ -330,7 +330,8 @@ def test_bf16_on_a_cpu_where_it_measures_slower_is_said_before_training_and_in_t
 ):
     from conftest import SMOKE, fit_in
 
-    speeds = {"32-true": 100.0, "bf16-mixed": bf16_speed}  # images/s of the timed steps at batch 2
+    speeds = {"32-true": 100.0, "bf16-mixed": bf16_speed}  # images/s of the timed steps
+    monkeypatch.setattr("vit.planning.precision.native_bf16_cpu", lambda: True)  # else the flags answer untimed
     checked = []
     monkeypatch.setattr(
         "vit.planning.speed.calibrate",
@@ -352,7 +353,7 @@ def test_a_run_no_longer_than_the_bf16_check_is_not_checked(monkeypatch):
     """A smoke run of 4 steps would take as long again to time bf16 against fp32 (6 steps): it is left out."""
     from types import SimpleNamespace
 
-    from vit.planning.estimate import CHECK_STEPS, RunEstimate
+    from vit.run.estimate import CHECK_STEPS, RunEstimate
 
     checked = []
     monkeypatch.setattr("vit.planning.speed.calibrate", lambda *a, **kw: checked.append(a) or [1.0])
@@ -366,7 +367,7 @@ def test_a_run_no_longer_than_the_bf16_check_is_not_checked(monkeypatch):
 def test_the_way_out_is_offered_past_an_hour():
     from types import SimpleNamespace
 
-    from vit.planning.estimate import RunEstimate
+    from vit.run.estimate import RunEstimate
 
     trainer = SimpleNamespace(num_training_batches=390, num_val_batches=[40], max_epochs=200, is_global_zero=True)
     module = SimpleNamespace(device=torch.device("cpu"))

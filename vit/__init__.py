@@ -4,8 +4,9 @@
     data/        sources, image files, one DataModule per source, the in-memory and streaming paths, augmentation
     training/    the LightningModule, optimizers, schedules, EMA, metrics, checkpoint writing
     evaluation/  attention maps, faithfulness, the report, calibration, logit adjustment, TTA, label issues
-    planning/    fingerprint -> rules -> plan, speed calibration, the budgeted run
+    planning/    fingerprint -> start -> rules -> plan, speed calibration, the precision rule (pure functions)
     deployment/  predict, serve, export
+    run/         what vit-train adds around Lightning's loop: weights and plan into the config, the budget, the estimate
     commands/    one module per command-line program
 A package imports only from those listed above it (model and data import neither each other nor anything else).
 """
@@ -50,7 +51,7 @@ RENAMED_MODULES = {
         "nonfinite": "vit.training.nonfinite",
         "optim": "vit.training.optim",
         "plan": "vit.planning.plan",
-        "planned_run": "vit.planning.planned_run",
+        "planned_run": "vit.run.planned",
         "predict": "vit.deployment.predict",
         "serve": "vit.deployment.serve",
         "sources": "vit.data.sources",

@@ -14,7 +14,7 @@ from torchvision.utils import make_grid, save_image
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from vit.data.images import read_image
 from vit.data.transforms import eval_transform
-from vit.evaluation.attention_maps import _resize, denormalize, overlay_batch  # noqa: E402
+from vit.evaluation.attention_maps import denormalize, overlay_batch, resize_tiles  # noqa: E402
 from vit.evaluation.faithfulness import patch_scores  # noqa: E402
 from vit.model.checkpoint import load_model  # noqa: E402
 
@@ -31,7 +31,7 @@ def main() -> None:
     x = torch.stack([tf(read_image(p))[: hp.get("in_chans", 3)] for p in args.images])
     scores, classes = patch_scores(model, x)
     grid = model.grid_size
-    images = _resize(denormalize(x, hp["mean"], hp["std"]), args.size)
+    images = resize_tiles(denormalize(x, hp["mean"], hp["std"]), args.size)
     columns = [images] + [
         overlay_batch(images, scores[name].view(-1, *grid)) for name in ("relevance", "rollout", "last_block")
     ]

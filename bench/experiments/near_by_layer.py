@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from vit.data.images import expand_inputs
 from vit.deployment.labelled import labelled_folder, training_data
-from vit.evaluation.unknown import _precision, _squared_distances, auroc
+from vit.evaluation.ood_metrics import auroc
+from vit.evaluation.unknown import precision_matrix, squared_distances
 from vit.model.checkpoint import load_checkpoint, model_of
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -49,11 +50,11 @@ def main() -> None:
     for layer in range(train[0].shape[1]):  # (N, L + 1, D): the blocks', then the head's features
         xt, xi, xo = (o[0][:, layer] for o in (train, test, near))
         means = torch.stack([xt[y == c].mean(0) for c in range(len(classes))])
-        precision = _precision(xt - means[y])
+        precision = precision_matrix(xt - means[y])
         bank = F.normalize(xt, dim=-1)
 
         def maha(x: torch.Tensor, means=means, precision=precision) -> torch.Tensor:
-            return -_squared_distances(x, means, precision).amin(-1)
+            return -squared_distances(x, means, precision).amin(-1)
 
         def knn(x: torch.Tensor, k: int, bank=bank) -> torch.Tensor:
             return (F.normalize(x, dim=-1) @ bank.T).topk(k, -1).values[:, -1]

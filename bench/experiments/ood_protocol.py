@@ -33,9 +33,9 @@ from torch.utils.data import DataLoader
 from vit.data.images import expand_inputs
 from vit.deployment.labelled import labelled_folder, training_data
 from vit.deployment.predict import ImageFiles, channel_stats, collate, normalize
+from vit.evaluation.ood_metrics import auroc
 from vit.evaluation.unknown import (
     MIN_CLASS_IMAGES,
-    auroc,
     class_thresholds,
     features_of,
     fused_score,

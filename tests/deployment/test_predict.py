@@ -325,3 +325,25 @@ def test_a_fit_stores_a_temperature_in_its_checkpoints_and_logs_the_evaluation(s
     assert "eval/confusion_matrix" in ea.Tags()["images"]
     for tag in ("eval/ece", "eval/ece_uncalibrated", "eval/temperature", "eval/acc_per_class/0"):
         assert len(ea.Scalars(tag)) == 1, tag
+
+
+def test_a_run_folder_or_name_stands_for_its_newest_best_checkpoint(smoke_run, tmp_path, monkeypatch, capsys):
+    """`--ckpt checkpoints/smoke` (a run's folder) or `--ckpt smoke` (its name, under ./checkpoints): the newest
+    version's best-*.ckpt, named on stderr; a version without a best checkpoint gives its last.ckpt."""
+    from vit.model.checkpoint import deployable_checkpoint
+
+    runs = smoke_run.root / "checkpoints" / "smoke"
+    (best,) = (runs / "version_0").glob("best-*.ckpt")
+    assert deployable_checkpoint(runs) == best == deployable_checkpoint(runs / "version_0")
+    monkeypatch.chdir(smoke_run.root)
+    assert deployable_checkpoint("smoke") == Path("checkpoints", "smoke", "version_0", best.name)
+    image = Path(__file__).resolve().parents[2] / "docs" / "digit_6.png"
+    assert main(["--ckpt", "smoke", "--format", "json", str(image)]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)[0]["predictions"] and f"checkpoint: checkpoints/smoke/version_0/{best.name}" in out.err
+    newer = tmp_path / "run" / "version_3"  # a newer version whose best was not written: its last
+    newer.mkdir(parents=True)
+    (newer / "last.ckpt").write_bytes(best.read_bytes())
+    (tmp_path / "run" / "version_2").mkdir()
+    assert deployable_checkpoint(tmp_path / "run") == newer / "last.ckpt"
+    assert deployable_checkpoint(tmp_path / "none.ckpt") == tmp_path / "none.ckpt"  # the loader says what is wrong

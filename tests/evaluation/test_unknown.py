@@ -18,6 +18,7 @@ from vit.commands.eval import main as eval_main
 from vit.commands.export import main as export_main
 from vit.commands.predict import main as predict_main
 from vit.evaluation import unknown
+from vit.evaluation.ood_metrics import auroc, fpr_at_tpr
 from vit.evaluation.unknown import (
     ACCEPT,
     DEFAULT_SCORE,
@@ -26,11 +27,9 @@ from vit.evaluation.unknown import (
     SHARED_DEFAULT_SCORE,
     Rejector,
     accept_threshold,
-    auroc,
     block_scale,
     class_thresholds,
     feature_stats,
-    fpr_at_tpr,
     pooled_features,
     reject_threshold,
     rejection_record,

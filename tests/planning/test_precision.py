@@ -52,6 +52,52 @@ def test_an_explicit_precision_is_kept_and_a_slow_one_warned_about(monkeypatch):
 def test_cpu_flags_are_read_from_cpuinfo():
     assert P.native_bf16_cpu("processor: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile\n") is True
     assert P.native_bf16_cpu("processor: 0\nflags\t\t: fpu sse avx2 fma\n") is False
+    # Arm names its features in a `Features` line: Graviton 3 (Neoverse V1) has bf16, Graviton 2 (N1) has not
+    assert P.native_bf16_cpu("processor\t: 0\nFeatures\t: fp asimd sve asimddp sha512 bf16 i8mm\n") is True
+    assert P.native_bf16_cpu("processor\t: 0\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32\n") is False
+
+
+def test_the_plan_follows_the_same_rule_and_times_bf16_only_where_the_flags_leave_it_open():
+    """One rule for `auto`, the plan and the run's check (decide_precision): a CPU whose flags say bf16 is emulated
+    gets fp32 without a bf16 step timed; where bf16 is native the chosen model is timed in both."""
+    from fake_speeds import speeds_like_2_cores
+
+    from vit.planning.fingerprint import Fingerprint
+    from vit.planning.plan import make_plan
+    from vit.planning.speed import Machine
+
+    digits = Fingerprint("digits", 8000, 2000, [800] * 10, 28, 28, 28, 1.0, 0.49, 5.0)
+    for native, bf16_factor, want in [(False, 3.0, "32-true"), (True, 3.0, "bf16-mixed"), (True, 0.7, "32-true")]:
+        asked = []
+
+        def speeds(archs, batch, precision="32-true", factor=bf16_factor, asked=asked):
+            asked.append(precision)
+            return [s * (factor if precision == "bf16-mixed" else 1.0) for s in speeds_like_2_cores(archs, batch)]
+
+        plan = make_plan(digits, Machine("cpu", 2, native_bf16=native), budget_s=300, elapsed_s=3.0, speed_fn=speeds)
+        assert plan.overrides["trainer.precision"] == want
+        assert ("bf16-mixed" in asked) == native  # the flags answered: no bf16 step timed
+        why = dict((r[0], r[2]) for r in plan.rows)["precision"]
+        assert ("without native bf16" in why) != native and ("bf16 not timed" in why) != native
+
+
+def test_the_runs_check_of_a_bf16_it_was_given_follows_the_rule(monkeypatch):
+    """bf16-mixed set by hand on a CPU: the flags answer where bf16 is emulated (no steps timed, the line says so);
+    where it is native, a few steps at the probe's batch decide."""
+    from types import SimpleNamespace
+
+    from vit.run.estimate import RunEstimate
+
+    timed = []
+    monkeypatch.setattr(P, "probe", lambda arch: timed.append(arch) or (100.0, 10.0))
+    trainer = SimpleNamespace(precision="bf16-mixed", estimated_stepping_batches=100, is_global_zero=False)
+    module = SimpleNamespace(device=torch.device("cpu"), model=SimpleNamespace(cfg=ARCH))
+    for native, slowdown in [(False, float("inf")), (True, 10.0)]:
+        monkeypatch.setattr(P, "native_bf16_cpu", lambda native=native: native)
+        estimate = RunEstimate()
+        estimate.on_train_start(trainer, module)
+        assert estimate.bf16_slowdown == slowdown and len(timed) == int(native)
+        assert ("emulated on this CPU" in estimate._bf16_note()) != native
 
 
 def test_auto_is_resolved_printed_and_saved_and_a_typed_bf16_warns(in_tmp, monkeypatch, capsys):

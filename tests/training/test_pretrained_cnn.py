@@ -72,6 +72,10 @@ def test_the_hybrid_stem_starts_from_the_wheels_weights_and_exports(in_tmp, caps
     assert "model.patch_embed.stem.blocks.3.0.conv_pw.weight" not in state
     load_checkpoint(ckpt)  # the record validates
     exports_and_predicts(ckpt, in_tmp, capsys)
+    assert export_main(["--ckpt", str(ckpt), "--format", "timm", "--out", str(in_tmp / "timm")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stem='tf_efficientnet_lite0': timm's VisionTransformer has no such stem" in err[0]
+    assert not (in_tmp / "timm").exists()  # nothing written
 
 
 def test_a_missing_or_wrong_weights_file_stops_the_run_in_one_line(in_tmp, capsys, tmp_path):
@@ -87,27 +91,49 @@ def test_a_missing_or_wrong_weights_file_stops_the_run_in_one_line(in_tmp, capsy
         assert len(err) == 1 and said in err[0], err
 
 
+@pytest.mark.parametrize("arch", ["efficientnet_b0", "mobilenetv3_small_050"])
+def test_a_cnn_the_hybrid_cannot_take_stops_in_one_line_naming_the_ones_it_takes(arch, in_tmp, capsys, tmp_path):
+    import timm
+    from safetensors.torch import save_file
+
+    from vit.model.stems import HYBRID_STEMS
+
+    path = tmp_path / f"{arch}.safetensors"  # timm's layout, the architecture in the file's name
+    save_file({k: v.contiguous() for k, v in timm.create_model(arch).state_dict().items()}, str(path))
+    with pytest.raises(SystemExit):
+        train.main([*FLAGS, "--model.init_from", str(path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and arch in err[0] and all(name in err[0] for name in HYBRID_STEMS), err
+
+
 def test_freeze_stem_holds_the_cnn_stages_still_while_the_blocks_train(tmp_path):
-    """freeze_stem_epochs=1 on a hybrid: in epoch 0 the CNN stem's parameters take no step (its BatchNorm statistics
-    still adapt) while the projection, the blocks and the head do; from epoch 1 the stem trains too."""
+    """freeze_stem_epochs=1 on a hybrid: in epoch 0 the CNN stem's parameters take no step and its BatchNorm
+    statistics stay as loaded (its BatchNorm layers in eval mode, also after the sanity check's and each validation's
+    return to training mode) while the projection, the blocks and the head train; from epoch 1 the stem trains too,
+    statistics included."""
     import lightning as L
 
     from vit.data.digits import DigitsDataModule
+    from vit.run.estimate import RunEstimate
     from vit.training.module import ViTClassifier
 
     L.seed_everything(0)
     arch = dict(img_size=32, patch_size=16, embed_dim=32, depth=1, num_heads=2, stem="tf_efficientnet_lite0")
     module = ViTClassifier(arch=arch, freeze_stem_epochs=1)
-    params = lambda: {k: p.detach().clone() for k, p in module.model.named_parameters()}  # noqa: E731
+    tensors = [*module.model.named_parameters(), *module.model.named_buffers()]
+    params = lambda: {k: p.detach().clone() for k, p in tensors}  # noqa: E731
     seen = [params()]
+
+    estimate, said = RunEstimate(), []  # the time a run will take: timed in the first epoch that trains everything
 
     class AfterEachEpoch(L.Callback):
         def on_train_epoch_end(self, trainer, pl_module):
             seen.append(params())
+            said.append(len(estimate.lines))
 
-    trainer = L.Trainer(default_root_dir=tmp_path, max_epochs=2, limit_train_batches=2, limit_val_batches=0,
+    trainer = L.Trainer(default_root_dir=tmp_path, max_epochs=2, limit_train_batches=2, limit_val_batches=1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=[AfterEachEpoch()])  # fmt: skip
+                        enable_model_summary=False, callbacks=[AfterEachEpoch(), estimate])  # fmt: skip
     trainer.fit(module, datamodule=DigitsDataModule(batch_size=16, img_size=32))
 
     def moved(a, b, prefix):
@@ -116,7 +142,10 @@ def test_freeze_stem_holds_the_cnn_stages_still_while_the_blocks_train(tmp_path)
         return [k for k in names if not torch.equal(a[k], b[k])]
 
     start, epoch0, epoch1 = seen
-    assert moved(start, epoch0, "patch_embed.stem.") == []  # held still
+    assert moved(start, epoch0, "patch_embed.stem.") == []  # held still, running statistics included
+    assert any(k.endswith("running_mean") for k in start if k.startswith("patch_embed.stem."))
     assert moved(start, epoch0, "blocks.") and moved(start, epoch0, "head.")  # the new layers train
     assert moved(epoch0, epoch1, "patch_embed.stem.")  # then end to end
+    assert [k for k in moved(epoch0, epoch1, "patch_embed.stem.") if k.endswith("running_mean")]
     assert all(p.requires_grad for p in module.model.parameters())
+    assert said == [0, 1]  # no line from the frozen epoch's cheaper steps

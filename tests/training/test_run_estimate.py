@@ -1,4 +1,4 @@
-"""Every fit says how long it will take (vit/planning/estimate.py RunEstimate): after its first steps, and again when
+"""Every fit says how long it will take (vit/run/estimate.py RunEstimate): after its first steps, and again when
 the speed changes; and the steps after fit say what each took, the training images they read bounded by class."""
 
 import re

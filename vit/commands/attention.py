@@ -21,7 +21,7 @@ from vit.commands.command_line import device_flag, model_flags
 from vit.data.images import expand_inputs, read_or_report
 from vit.data.transforms import eval_transform
 from vit.deployment.predict import pick_device
-from vit.evaluation.attention_maps import attention_panels, overlay_grid, relevance
+from vit.evaluation.attention_maps import attention_panels, display_side, overlay_grid, relevance
 from vit.evaluation.calibration import probabilities
 from vit.evaluation.faithfulness import faithfulness
 from vit.model.checkpoint import load_model_or_report
@@ -32,7 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vit-attention", description=maps_main.__doc__)
     model_flags(ap)
     ap.add_argument("--out", "--output", dest="out", required=True, help="folder for the PNGs (created)")
-    ap.add_argument("--size", type=int, default=128, help="display size of each tile in pixels")
+    ap.add_argument(
+        "--size",
+        type=int,
+        default=None,
+        help="display size of each tile in pixels (default: twice the model's input side, 64-256)",
+    )
     ap.add_argument(
         "--attention-map",
         dest="attention_map",
@@ -69,14 +74,15 @@ def maps_main(argv: list[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tf = eval_transform(hp["img_size"], hp["mean"], hp["std"])
+    size = args.size or display_side(hp["img_size"])
     names = hp.get("class_names") or [str(i) for i in range(model.num_classes)]
     done, used = 0, set()
     for i, (path, x) in enumerate(read_or_report(args.images, tf, hp["in_chans"])):
         x = x[None].to(device)
-        panels = attention_panels(model, x, hp["mean"], hp["std"], display_size=args.size)
+        panels = attention_panels(model, x, hp["mean"], hp["std"], display_size=size)
         picture = panels["rollout"]  # the image above its rollout overlay
         if args.attention_map == "relevance":  # ... or above where the evidence for the predicted class is
-            picture = overlay_grid(x, relevance(model, x)[0], hp["mean"], hp["std"], args.size)
+            picture = overlay_grid(x, relevance(model, x)[0], hp["mean"], hp["std"], size)
         # the calibrated probability, as vit-predict, vit-eval and vit-serve print it
         prob, idx = probabilities(panels["logits"], hp.get("temperature", 1.0))[0].max(-1)
         # <stem>_...; a stem met before (a/x.png, b/x.png) takes its position first, as vit-predict's maps do

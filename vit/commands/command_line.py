@@ -10,16 +10,30 @@ from collections.abc import Sequence
 from pathlib import Path
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
-CKPT_HELP = "checkpoint written by train.py (loaded as data, never as code)"
+CKPT_HELP = (
+    "checkpoint written by train.py (loaded as data, never as code), or a run's folder or name (checkpoints/folder, "
+    "folder): its newest version's best checkpoint"
+)
+
+
+def checkpoint_arg(text: str) -> str:
+    """--ckpt's value: a file as given; a run's folder or name resolved to its newest best checkpoint, said on stderr
+    (vit/model/checkpoint.py deployable_checkpoint)."""
+    from vit.model.checkpoint import deployable_checkpoint
+
+    path = str(deployable_checkpoint(text))
+    if path != text:
+        print(f"checkpoint: {path}", file=sys.stderr)
+    return path
 
 
 def model_flags(ap: argparse.ArgumentParser, onnx_help: str | None = None) -> None:
     """`--ckpt` (alias `--ckpt_path`, Lightning's name), required; with `onnx_help`, `--onnx FILE` instead of it."""
     if onnx_help is None:
-        ap.add_argument("--ckpt", "--ckpt_path", dest="ckpt", required=True, help=CKPT_HELP)
+        ap.add_argument("--ckpt", "--ckpt_path", dest="ckpt", required=True, type=checkpoint_arg, help=CKPT_HELP)
         return
     model = ap.add_mutually_exclusive_group(required=True)
-    model.add_argument("--ckpt", "--ckpt_path", dest="ckpt", help=CKPT_HELP)
+    model.add_argument("--ckpt", "--ckpt_path", dest="ckpt", type=checkpoint_arg, help=CKPT_HELP)
     model.add_argument("--onnx", metavar="FILE", help=onnx_help)
 
 

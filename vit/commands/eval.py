@@ -28,6 +28,7 @@ from vit.data.transforms import DataError
 from vit.deployment.labelled import FileBatches, labelled_folder, training_data
 from vit.deployment.predict import class_names, pick_device
 from vit.evaluation.galleries import label_issue_gallery, top_losses
+from vit.evaluation.ood_metrics import FeatureTap, ood_report, rejection_report
 from vit.evaluation.report import (
     confusion_figure,
     metrics_of,
@@ -40,7 +41,7 @@ from vit.evaluation.report import (
     write_predictions,
 )
 from vit.evaluation.tta import SymmetryTTA, tta_views
-from vit.evaluation.unknown import FeatureTap, features_of, ood_report, record_scores, rejection_report
+from vit.evaluation.unknown import features_of, record_scores
 from vit.model.checkpoint import CheckpointError, load_checkpoint, load_model_or_report
 
 
@@ -193,8 +194,11 @@ def eval_multilabel(args, model, hparams: dict, ckpt: dict, classes: list[str], 
     from vit.evaluation.multilabel import multilabel_report, report_page
 
     if args.split is None or args.ood or args.tta:
-        print("error: a multi-label model is scored on --split val or --split test (its labels file), without "
-              "--ood or --tta", file=sys.stderr)  # fmt: skip
+        print(
+            "error: a multi-label model is scored on --split val or --split test (its labels file), without "
+            "--ood or --tta",
+            file=sys.stderr,
+        )
         return 2
     try:
         dm = training_data(args.ckpt, ckpt, hparams)

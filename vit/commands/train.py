@@ -28,9 +28,9 @@ from vit.data.base import ImageClassificationData
 from vit.data.transforms import DataError
 from vit.evaluation.map_callback import AttentionMapCallback
 from vit.model.checkpoint import CheckpointError, load_checkpoint
-from vit.planning import fit_steps
-from vit.planning.planned_run import add_plan_arguments
-from vit.planning.precision import ViTTrainer
+from vit.run import steps as fit_steps
+from vit.run.planned import add_plan_arguments
+from vit.run.trainer import ViTTrainer
 from vit.training.checkpoint_io import AtomicCheckpointIO
 from vit.training.module import NonFiniteLossError, ViTClassifier
 from vit.training.run import add_run_arguments, callbacks_to_keep
@@ -112,8 +112,9 @@ class ViTCLI(LightningCLI):
     def before_fit(self) -> None:
         config = self.config[self.subcommand]
         try:  # resume in place, checkpoint folders, split.csv, label issues, plan and budget
-            ckpt = fit_steps.before_fit(self.trainer, self.datamodule, config, planned=self._plan, argv=self._argv,
-                                        parser=self._parser("fit"))  # fmt: skip
+            ckpt = fit_steps.before_fit(
+                self.trainer, self.datamodule, config, planned=self._plan, argv=self._argv, parser=self._parser("fit")
+            )
         except ValueError as e:
             raise UsageError(f"error: {e}") from None
         if ckpt is not None:

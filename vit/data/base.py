@@ -203,7 +203,7 @@ def channel_mean_std(x: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, 
 def given_mean_std(
     mean: tuple[float, ...] | None, std: tuple[float, ...] | None, in_chans: int, own: tuple[tuple, tuple]
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """The normalisation a DataModule was given (pretrained weights' own: vit/planning/fine_tune.py), fitted to its
+    """The normalisation a DataModule was given (pretrained weights' own: vit/run/weights.py), fitted to its
     channels, or `own` (the data's) where none was given. Grey images from RGB statistics take their average: timm's
     adapt_input_conv sums the RGB kernels, so a grey image stands for three equal channels."""
     if mean is None or std is None:

@@ -279,8 +279,9 @@ def source_for(data) -> DataSource:
     if path == "vit.data.CIFARDataModule":
         return cifar_source(get("dataset", "cifar10"), get("root", "data"), get("download", True))
     if path == "vit.data.TorchvisionDataModule":
-        return torchvision_source(get("dataset", "torch/mnist"), get("root", "data"), get("download", True),
-                                  get("to_rgb", False))  # fmt: skip
+        return torchvision_source(
+            get("dataset", "torch/mnist"), get("root", "data"), get("download", True), get("to_rgb", False)
+        )
     if path == "vit.data.StreamingDataModule":
         return stream_source(get("input_dir", "chunks"), get("cache_dir"), get("trust_pickles", False))
     raise ValueError(

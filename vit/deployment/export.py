@@ -111,13 +111,18 @@ def unknown_stats(record: dict | None) -> dict[str, torch.Tensor]:
     of the record goes to the JSON sidecar. A class-covariance score's are ~15 MB as JSON text, ~4 MB as float32."""
     if record is None:
         return {}
-    needs = {"mahalanobis": ("means", "precision"), "knn": ("bank",),
-             "relative_mahalanobis": ("means", "precision", "background_mean", "background_precision"),
-             "normalized_mahalanobis": ("normalized_means", "normalized_precision"),
-             "block_mahalanobis": ("block_means", "block_precision", "block_center", "block_spread"),
-             "input": ("input_mean", "input_precision"),
-             **dict.fromkeys(("qda", "block_qda"), ("means", "block_means", "class_precision", "class_logdet",
-                                                   "qda_center", "qda_spread"))}  # fmt: skip
+    needs = {
+        "mahalanobis": ("means", "precision"),
+        "knn": ("bank",),
+        "relative_mahalanobis": ("means", "precision", "background_mean", "background_precision"),
+        "normalized_mahalanobis": ("normalized_means", "normalized_precision"),
+        "block_mahalanobis": ("block_means", "block_precision", "block_center", "block_spread"),
+        "input": ("input_mean", "input_precision"),
+        **dict.fromkeys(
+            ("qda", "block_qda"),
+            ("means", "block_means", "class_precision", "class_logdet", "qda_center", "qda_spread"),
+        ),
+    }
     keys = [k for part in record["score"].split("+") for k in needs.get(part, ()) if k in record["stats"]]
     return {k: record["stats"][k].float().contiguous() for k in keys}
 
@@ -127,8 +132,13 @@ def unknown_sidecar(record: dict | None, stats_file: str | None) -> dict | None:
     safetensors file beside it that holds the statistics (None: the score needs none)."""
     if record is None:
         return None
-    return {"score": record["score"], "threshold": record["threshold"], "stats_file": stats_file,
-            "fusion": record.get("fusion"), "class_thresholds": record.get("class_thresholds")}  # fmt: skip
+    return {
+        "score": record["score"],
+        "threshold": record["threshold"],
+        "stats_file": stats_file,
+        "fusion": record.get("fusion"),
+        "class_thresholds": record.get("class_thresholds"),
+    }
 
 
 def write_sidecar(out: str | Path, hparams: dict, **extra) -> list[Path]:

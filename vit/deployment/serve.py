@@ -98,8 +98,9 @@ class ImageRequests:
     (400/413, see decode_upload), then passed on as JSON `{"pixels": base64 uint8, "topk": k, "map": kind}` for
     ViTAPI.decode_request. Every refusal is a JSON answer `{"error": "..."}`; other paths pass through untouched."""
 
-    def __init__(self, app, *, path: str, img_size: int, in_chans: int, num_classes: int, max_bytes: int,
-                 max_pixels: int):  # fmt: skip
+    def __init__(
+        self, app, *, path: str, img_size: int, in_chans: int, num_classes: int, max_bytes: int, max_pixels: int
+    ):
         self.app, self.path = app, path
         self.img_size, self.in_chans, self.num_classes = img_size, in_chans, num_classes
         self.max_bytes, self.max_pixels = max_bytes, max_pixels
@@ -316,8 +317,14 @@ class ViTAPI(ls.LitAPI):
     """LitServe's side of vit-serve: loads the checkpoint (as data, never code) on its device, classifies batches of
     decoded images, and draws the class-specific relevance (or rollout) of the predicted class where asked."""
 
-    def __init__(self, ckpt: str | Path, max_batch_size: int = 32, batch_timeout: float = 0.01, onnx: bool = False,
-                 threads: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        ckpt: str | Path,
+        max_batch_size: int = 32,
+        batch_timeout: float = 0.01,
+        onnx: bool = False,
+        threads: int | None = None,
+    ):
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
         self.ckpt, self.onnx = str(ckpt), onnx  # onnx: `ckpt` is an exported model (vit/deployment/onnx_model.py)
         # intra-op threads of this worker on a CPU (vit.commands.serve.worker_layout); None: torch's own count
@@ -361,10 +368,14 @@ class ViTAPI(ls.LitAPI):
             calibrated = top_k(logits, self.names, k_max, self.hparams.get("temperature", 1.0))
             raw = top_k(logits, self.names, k_max) if any(r for _, _, _, r in items) else None
             out = [
-                {"predictions": (raw if r else calibrated)[i][:k], "unknown": unknown[i], "map": None,
-                 "batch": len(items)}
+                {
+                    "predictions": (raw if r else calibrated)[i][:k],
+                    "unknown": unknown[i],
+                    "map": None,
+                    "batch": len(items),
+                }
                 for i, (_, k, _, r) in enumerate(items)
-            ]  # fmt: skip
+            ]
         for kind in MAPS[1:]:
             idx = [i for i, (_, _, m, _) in enumerate(items) if m == kind]
             if idx and not self.onnx:  # an ONNX graph has no attention to read: "map" stays null

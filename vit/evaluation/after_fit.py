@@ -30,8 +30,14 @@ from vit.model.checkpoint import unknown_of
 TRAIN_IMAGES, TRAIN_FLOOR, VAL_FLOOR = 2048, 256, 1000
 
 
-def after_fit_lines(saved: list[str], dm: ImageClassificationData, hparams, device: torch.device,
-                    tb: TensorBoardLogger | None, step: int) -> Iterator[str]:  # fmt: skip
+def after_fit_lines(
+    saved: list[str],
+    dm: ImageClassificationData,
+    hparams,
+    device: torch.device,
+    tb: TensorBoardLogger | None,
+    step: int,
+) -> Iterator[str]:
     """What `vit-train fit` does with its saved checkpoints (the best first) once training ends, in order, each step's
     line as it is done, ending with the seconds it took: a multi-label model's thresholds; otherwise post-hoc logit
     adjustment where the run asked for it, then in one pass the temperature and the rejection record, and what they
@@ -46,8 +52,14 @@ def after_fit_lines(saved: list[str], dm: ImageClassificationData, hparams, devi
         dm.teardown("validate")
 
 
-def _after_fit_steps(saved: list[str], dm: ImageClassificationData, hparams, device: torch.device,
-                     tb: TensorBoardLogger | None, step: int) -> Iterator[str]:  # fmt: skip
+def _after_fit_steps(
+    saved: list[str],
+    dm: ImageClassificationData,
+    hparams,
+    device: torch.device,
+    tb: TensorBoardLogger | None,
+    step: int,
+) -> Iterator[str]:
     if hparams.get("task") == "multilabel":  # no temperature, rejection or adjustment: each reads a softmax
         yield multilabel_after_fit(saved, dm, device, tb, step)
     else:

@@ -199,7 +199,14 @@ def overlay_batch(images: torch.Tensor, heats: torch.Tensor, cmap: str = "infern
     return ((1 - alpha) * images.float().cpu() + alpha * colored).clamp(0, 1)
 
 
-def _resize(images: torch.Tensor, size: int) -> torch.Tensor:
+def display_side(img_size: int) -> int:
+    """The side in pixels a map's tile is drawn at: twice the model's input side, 64-256 px (a 32-px image at 64; the
+    hybrid's 96-px images, a 6 x 6 grid of 16-px patches, at 192, so that each patch is a readable 32-px square)."""
+    return min(256, max(64, 2 * img_size))
+
+
+def resize_tiles(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Images (B, C, H, W) at `size` x `size` (nearest: each patch stays a sharp block)."""
     return images if images.shape[-1] == size else F.interpolate(images, size=(size, size), mode="nearest")
 
 
@@ -221,7 +228,7 @@ def attention_panels(
     """
     attns, logits = capture_attention(model, x)
     grid, p = model.patch_embed.grid(x), model.num_prefix_tokens
-    images = _resize(denormalize(x.float(), mean, std).cpu(), display_size)
+    images = resize_tiles(denormalize(x.float(), mean, std).cpu(), display_size)
     rel = image_relevance(attention_rollout(attns), p, grid, model.dist_token is not None)
     overlays = overlay_batch(images, rel, cmap)
     heads = attns[0].shape[1]
@@ -249,7 +256,7 @@ def attention_panels(
 
 def overlay_grid(x: torch.Tensor, heat: torch.Tensor, mean, std, display_size: int = 96, cmap: str = "inferno"):
     """Normalised images x (B, C, H, W) and maps (B, gh, gw) -> a (3, ., .) grid: the images above their overlays."""
-    images = _resize(denormalize(x.float(), mean, std).cpu(), display_size)
+    images = resize_tiles(denormalize(x.float(), mean, std).cpu(), display_size)
     return make_grid(torch.cat([images, overlay_batch(images, heat, cmap)]), nrow=len(images), padding=2, pad_value=1.0)
 
 

@@ -10,7 +10,7 @@ probabilities go to `cleanlab.filter.find_label_issues` (Northcutt et al., 2021)
 its averaged prediction is another class and ranks the issues by self-confidence; label_issues.csv lists them most
 likely wrong first: `path,given,suggested,score` (score: the averaged probability of the given class, low = likely
 wrong). The snapshot passes run on the training device at the end of an epoch, a forward per batch, no host read per
-step; the budget's epoch timing (vit.planning.planned_run.FitBudget) counts them.
+step; the budget's epoch timing (vit.run.fit_budget.FitBudget) counts them.
 """
 
 import csv

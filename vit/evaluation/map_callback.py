@@ -15,11 +15,12 @@ from torchvision.utils import make_grid
 from vit.data.device import IGNORE
 from vit.evaluation.attention_maps import (
     MeanDistancePlot,
-    _resize,
     attention_panels,
     denormalize,
+    display_side,
     overlay_batch,
     relevance,
+    resize_tiles,
 )
 from vit.evaluation.faithfulness import auc, curves, patch_scores
 
@@ -102,10 +103,9 @@ class AttentionMapCallback(L.Callback):
         self._warned = False
 
     def tile_size(self, img_size: int) -> int:
-        """Side of each image tile in pixels: `display_size`, or by default twice the training size between 64 and
-        256 px (a 32-px image at 64 as before; a 64- or 128-px photo at 128 or 256, where a thin defect and the map
-        over it can be seen)."""
-        return self.display_size or min(256, max(64, 2 * img_size))
+        """Side of each image tile in pixels: `display_size`, or display_side's (vit/evaluation/attention_maps.py:
+        a 64- or 128-px photo at 128 or 256, where a thin defect and the map over it can be seen)."""
+        return self.display_size or display_side(img_size)
 
     def _tensorboard(self, trainer: L.Trainer) -> TensorBoardLogger | None:
         for logger in trainer.loggers:
@@ -177,7 +177,7 @@ class AttentionMapCallback(L.Callback):
         y = self._labels[: len(x)].to(x.device)
         rel_pred, logits, _ = relevance(model, x)
         rel_true, _, _ = relevance(model, x, target=y)
-        images = _resize(denormalize(x.float(), hp.mean, hp.std).cpu(), self.tile_size(model.cfg.img_size))
+        images = resize_tiles(denormalize(x.float(), hp.mean, hp.std).cpu(), self.tile_size(model.cfg.img_size))
         wrong = (logits.argmax(-1) != y).cpu()
         true_row = torch.where(wrong[:, None, None, None], overlay_batch(images, rel_true, self.cmap), 1.0)
         rows = torch.cat([images, overlay_batch(images, rel_pred, self.cmap), true_row])

@@ -4,7 +4,7 @@
     record = rejection_record(train_outputs, val_outputs, class_names)    # what fit stores: statistics, thresholds
     unknown = Rejector(record)(logits, feats, input_statistics(x))        # (B,) bool: below its class's threshold
     s = record_scores(record, logits, feats, inputs)   # {name: (B,)} each candidate, higher = more like training
-    auroc(s_in, s_out), fpr_at_tpr(s_in, s_out)        # how well a score tells them from others
+    auroc(s_in, s_out), fpr_at_tpr(s_in, s_out)        # how well a score tells them apart (ood_metrics.py)
 
 The candidates are OpenOOD v1.5's one-pass post-hoc family: the maximum softmax probability (Hendrycks & Gimpel
 2017), the maximum logit (Hendrycks et al. 2022), the energy (Liu et al. 2020), the Mahalanobis distance to the
@@ -27,10 +27,28 @@ import math
 import torch
 import torch.nn.functional as F
 
-SCORES = ("msp", "max_logit", "energy", "mahalanobis", "relative_mahalanobis", "normalized_mahalanobis",
-          "block_mahalanobis", "knn", "input", "qda", "block_qda")  # fmt: skip
-FEATURE_SCORES = ("mahalanobis", "relative_mahalanobis", "normalized_mahalanobis", "block_mahalanobis", "knn", "qda",
-                  "block_qda")  # fmt: skip
+SCORES = (
+    "msp",
+    "max_logit",
+    "energy",
+    "mahalanobis",
+    "relative_mahalanobis",
+    "normalized_mahalanobis",
+    "block_mahalanobis",
+    "knn",
+    "input",
+    "qda",
+    "block_qda",
+)
+FEATURE_SCORES = (
+    "mahalanobis",
+    "relative_mahalanobis",
+    "normalized_mahalanobis",
+    "block_mahalanobis",
+    "knn",
+    "qda",
+    "block_qda",
+)
 # KNN: the K-th neighbour among a bank of at most BANK training features (Sun et al. use K=50 on CIFAR-10's 50,000
 # images; a bank of 2,000 keeps a 384-wide checkpoint 3 MB larger); a smaller bank scales K down with it.
 BANK, KNN_K = 2000, 50
@@ -78,8 +96,16 @@ def input_statistics(x: torch.Tensor) -> torch.Tensor:
     dx, dy = (g[:, :, 1:] - g[:, :, :-1]).abs(), (g[:, 1:] - g[:, :-1]).abs()
     lap = (4 * g[:, 1:-1, 1:-1] - g[:, :-2, 1:-1] - g[:, 2:, 1:-1] - g[:, 1:-1, :-2] - g[:, 1:-1, 2:]).abs()
     eps = 1e-4  # a constant image: log(eps), far below any photograph's, instead of -inf
-    return torch.stack([g.mean((1, 2)), (g.std((1, 2)) + eps).log(), (dx.mean((1, 2)) + eps).log(),
-                        (dy.mean((1, 2)) + eps).log(), (lap.mean((1, 2)) + eps).log()], -1)  # fmt: skip
+    return torch.stack(
+        [
+            g.mean((1, 2)),
+            (g.std((1, 2)) + eps).log(),
+            (dx.mean((1, 2)) + eps).log(),
+            (dy.mean((1, 2)) + eps).log(),
+            (lap.mean((1, 2)) + eps).log(),
+        ],
+        -1,
+    )
 
 
 @torch.no_grad()
@@ -104,14 +130,15 @@ def features_of(model, batches, device) -> tuple[torch.Tensor, torch.Tensor, tor
 RCOND = 1e-6
 
 
-def _precision(centred: torch.Tensor) -> torch.Tensor:
+def precision_matrix(centred: torch.Tensor) -> torch.Tensor:
     """The pseudo-inverse of the covariance of centred features (N, D): (D, D), computed in float64."""
     cov = centred.double().T @ centred.double() / max(1, len(centred))
     return torch.linalg.pinv(cov, hermitian=True, rtol=RCOND).float()
 
 
-def feature_stats(feats: torch.Tensor, targets: torch.Tensor, num_classes: int, seed: int = 0,
-                  inputs: torch.Tensor | None = None) -> dict:  # fmt: skip
+def feature_stats(
+    feats: torch.Tensor, targets: torch.Tensor, num_classes: int, seed: int = 0, inputs: torch.Tensor | None = None
+) -> dict:
     """What the feature scores need, from the training images' pooled features (N, L + 1, D) and classes (N,): of the
     head's features, class means (C, D) and their shared precision (D, D), the whole set's mean (D,) and precision,
     the class means and precision of the L2-normalised features, a bank of at most BANK L2-normalised features (K, D);
@@ -125,21 +152,21 @@ def feature_stats(feats: torch.Tensor, targets: torch.Tensor, num_classes: int, 
     pick = torch.randperm(len(feats), generator=torch.Generator().manual_seed(seed))[:BANK]
     stats = {
         "means": means,
-        "precision": _precision(feats - means[targets]),
+        "precision": precision_matrix(feats - means[targets]),
         "background_mean": overall,
-        "background_precision": _precision(feats - overall),
+        "background_precision": precision_matrix(feats - overall),
         "normalized_means": normed_means,
-        "normalized_precision": _precision(normed - normed_means[targets]),
+        "normalized_precision": precision_matrix(normed - normed_means[targets]),
         "bank": normed[pick],
     }
     if inputs is not None:
         stats["input_mean"] = inputs.float().mean(0)
-        stats["input_precision"] = _precision(inputs.float() - stats["input_mean"])
+        stats["input_precision"] = precision_matrix(inputs.float() - stats["input_mean"])
     if blocks.shape[1]:
         block_means = [_class_means(blocks[:, i], targets, num_classes)[0] for i in range(blocks.shape[1])]
         stats["block_means"] = torch.stack(block_means)  # (L, C, D)
         stats["block_precision"] = torch.stack(
-            [_precision(blocks[:, i] - m[targets]) for i, m in enumerate(block_means)]
+            [precision_matrix(blocks[:, i] - m[targets]) for i, m in enumerate(block_means)]
         )
     layers = torch.cat([blocks, feats[:, None]], dim=1)  # (N, L + 1, D)
     if layers.shape[1] * num_classes * layers.shape[-1] ** 2 <= CLASS_COVARIANCE_FLOATS:
@@ -171,8 +198,12 @@ def _block_distances(feats: torch.Tensor, stats: dict) -> torch.Tensor:
     """(N, L + 1, D) pooled features -> (N, L) squared Mahalanobis distance to the nearest class mean in each block."""
     blocks = _layers(feats.float())[:, :-1]
     return torch.stack(
-        [_squared_distances(blocks[:, i], m, p).amin(-1) for i, (m, p) in
-         enumerate(zip(stats["block_means"], stats["block_precision"]))], dim=-1)  # fmt: skip
+        [
+            squared_distances(blocks[:, i], m, p).amin(-1)
+            for i, (m, p) in enumerate(zip(stats["block_means"], stats["block_precision"]))
+        ],
+        dim=-1,
+    )
 
 
 def block_scale(stats: dict, val_feats: torch.Tensor) -> dict:
@@ -208,7 +239,7 @@ def _class_means(feats: torch.Tensor, targets: torch.Tensor, num_classes: int) -
     return torch.stack([feats[targets == c].mean(0) if present[c] else overall for c in range(num_classes)]), overall
 
 
-def _squared_distances(feats: torch.Tensor, means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
+def squared_distances(feats: torch.Tensor, means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
     """(N, D) features, (M, D) means -> (N, M) squared Mahalanobis distances under one precision (float64: the
     expanded quadratic form subtracts large terms)."""
     feats, means, precision = feats.double(), means.double(), precision.double()
@@ -217,15 +248,20 @@ def _squared_distances(feats: torch.Tensor, means: torch.Tensor, precision: torc
     return d.float()
 
 
-def unknown_scores(logits: torch.Tensor, feats: torch.Tensor | None, stats: dict | None, names=SCORES,
-                   inputs: torch.Tensor | None = None) -> dict:  # fmt: skip
+def unknown_scores(
+    logits: torch.Tensor,
+    feats: torch.Tensor | None,
+    stats: dict | None,
+    names=SCORES,
+    inputs: torch.Tensor | None = None,
+) -> dict:
     """{score name: (N,)}, higher meaning more like the training data, for each of `names` that the inputs allow
     (the feature scores need `feats` and `stats`; "input" the images' input_statistics (N, 5) and `stats`)."""
     logits = logits.float()
     out = {}
     if "input" in names and inputs is not None and "input_mean" in (stats or {}):
         d = inputs.float().cpu() - stats["input_mean"]
-        out["input"] = -_squared_distances(d, torch.zeros_like(d[:1]), stats["input_precision"])[:, 0]
+        out["input"] = -squared_distances(d, torch.zeros_like(d[:1]), stats["input_precision"])[:, 0]
     if "msp" in names:
         out["msp"] = logits.softmax(-1).amax(-1)
     if "max_logit" in names:
@@ -245,14 +281,14 @@ def unknown_scores(logits: torch.Tensor, feats: torch.Tensor | None, stats: dict
             out["block_qda"] = -z[:, :-1].sum(-1)
     feats = _layers(feats.float())[:, -1]  # the head's features
     if {"mahalanobis", "relative_mahalanobis"} & set(names):
-        d = _squared_distances(feats, stats["means"], stats["precision"])  # (N, C)
+        d = squared_distances(feats, stats["means"], stats["precision"])  # (N, C)
         if "mahalanobis" in names:
             out["mahalanobis"] = -d.amin(-1)
         if "relative_mahalanobis" in names:
-            bg = _squared_distances(feats, stats["background_mean"][None], stats["background_precision"])  # (N, 1)
+            bg = squared_distances(feats, stats["background_mean"][None], stats["background_precision"])  # (N, 1)
             out["relative_mahalanobis"] = -(d - bg).amin(-1)
     if "normalized_mahalanobis" in names and "normalized_means" in stats:  # a record made before it lacks them
-        d = _squared_distances(F.normalize(feats, dim=-1), stats["normalized_means"], stats["normalized_precision"])
+        d = squared_distances(F.normalize(feats, dim=-1), stats["normalized_means"], stats["normalized_precision"])
         out["normalized_mahalanobis"] = -d.amin(-1)
     if "knn" in names:
         bank = stats["bank"]
@@ -266,12 +302,15 @@ def fusion_of(scores: dict, name: str) -> dict:
     """What a fused score `name` ("a+b", each part a score of SCORES) needs: each part's mean and spread on these
     (validation) scores, which put the parts on one scale before they are summed."""
     parts = name.split("+")
-    return {"center": [float(scores[p].mean()) for p in parts],
-            "spread": [float(scores[p].std().clamp_min(1e-12)) for p in parts]}  # fmt: skip
+    return {
+        "center": [float(scores[p].mean()) for p in parts],
+        "spread": [float(scores[p].std().clamp_min(1e-12)) for p in parts],
+    }
 
 
-def record_scores(record: dict | None, logits: torch.Tensor, feats: torch.Tensor | None,
-                  inputs: torch.Tensor | None, names=SCORES) -> dict:  # fmt: skip
+def record_scores(
+    record: dict | None, logits: torch.Tensor, feats: torch.Tensor | None, inputs: torch.Tensor | None, names=SCORES
+) -> dict:
     """unknown_scores with a record's statistics, and the record's own score too: a fused one ("a+b") is the sum of
     its parts, each standardised by the record's `fusion` (fusion_of)."""
     stats = (record or {}).get("stats")
@@ -311,9 +350,14 @@ def rejection_record(train: tuple | None, val: tuple, class_names: list[str]) ->
         scores[score] = fused_score(scores, score, record["fusion"])  # its parts are already scored
     thresholds = {name: reject_threshold(s) for name, s in scores.items()}
     per_class = class_thresholds(scores[score], logits.argmax(-1), len(class_names))
-    return {**record, "threshold": thresholds[score], "thresholds": thresholds, "class_thresholds": per_class,
-            # the classes predicted for fewer than MIN_CLASS_IMAGES validation images: they keep the shared threshold
-            "shared_threshold_classes": [class_names[c] for c, t in enumerate(per_class) if t is None]}  # fmt: skip
+    return {
+        **record,
+        "threshold": thresholds[score],
+        "thresholds": thresholds,
+        "class_thresholds": per_class,
+        # the classes predicted for fewer than MIN_CLASS_IMAGES validation images: they keep the shared threshold
+        "shared_threshold_classes": [class_names[c] for c, t in enumerate(per_class) if t is None],
+    }
 
 
 def accept_threshold(scores: torch.Tensor, accept: float = ACCEPT) -> float:
@@ -336,45 +380,30 @@ def reject_threshold(scores: torch.Tensor, accept: float = ACCEPT) -> float:
 MIN_CLASS_IMAGES = 50
 
 
-def class_thresholds(scores: torch.Tensor, predicted: torch.Tensor, num_classes: int,
-                     accept: float = ACCEPT) -> list[float | None]:  # fmt: skip
+def class_thresholds(
+    scores: torch.Tensor, predicted: torch.Tensor, num_classes: int, accept: float = ACCEPT
+) -> list[float | None]:
     """Per-class thresholds (C,) from validation scores (N,) and predicted classes (N,): each the split-conformal
     threshold (reject_threshold) of the images predicted as that class, so that a new image of a class is rejected
     with probability at most 1 - accept whichever class it is, not only on average over the classes (Mondrian
     conformal, grouped by the prediction: the only class known when an image arrives). None where fewer than
     MIN_CLASS_IMAGES images were predicted as the class: it keeps the shared threshold."""
-    return [reject_threshold(scores[predicted == c], accept) if int((predicted == c).sum()) >= MIN_CLASS_IMAGES
-            else None for c in range(num_classes)]  # fmt: skip
+    return [
+        reject_threshold(scores[predicted == c], accept) if int((predicted == c).sum()) >= MIN_CLASS_IMAGES else None
+        for c in range(num_classes)
+    ]
 
 
 def thresholds_of(record: dict, logits: torch.Tensor) -> torch.Tensor:
     """(B,) the threshold that applies to each image: its predicted class's own where the record has one (records
     made before per-class thresholds have none: the shared one for every image)."""
     shared = record["threshold"]
-    table = torch.tensor([shared if t is None else t for t in record.get("class_thresholds") or []] or [shared],
-                         dtype=torch.float64)  # fmt: skip
+    table = torch.tensor(
+        [shared if t is None else t for t in record.get("class_thresholds") or []] or [shared], dtype=torch.float64
+    )
     if len(table) == 1:
         return table.expand(len(logits))
     return table[logits.argmax(-1).cpu()]
-
-
-def auroc(inside: torch.Tensor, outside: torch.Tensor) -> float:
-    """Area under the ROC curve of telling `inside` (positive) from `outside` images by the score."""
-    from torchmetrics.functional.classification import binary_auroc  # here: vit-predict starts without it (scores.py)
-
-    scores = torch.cat([inside, outside]).double()
-    # torchmetrics takes scores outside [0, 1] for logits and applies a sigmoid, which in float64 rounds every score
-    # above ~37 to 1 and below ~-745 to 0: distances of hundreds tied, and the AUROC fell to 0.5. Their ranks scaled
-    # into [0, 1] keep order and ties (an infinite score too), and the area depends on nothing else.
-    _, rank = torch.unique(scores, return_inverse=True)
-    scores = rank.double() / max(1, int(rank.max()))
-    labels = torch.cat([torch.ones(len(inside)), torch.zeros(len(outside))]).long()
-    return float(binary_auroc(scores, labels))
-
-
-def fpr_at_tpr(inside: torch.Tensor, outside: torch.Tensor, tpr: float = ACCEPT) -> float:
-    """The share of `outside` images accepted at the threshold that accepts `tpr` of the `inside` ones."""
-    return float((outside >= accept_threshold(inside, tpr)).double().mean())
 
 
 class Rejector:
@@ -405,56 +434,3 @@ class Rejector:
         feats = feats.cpu() if feats is not None else None
         s = record_scores(self.record, logits.cpu(), feats, inputs, names=())[self.score]
         return s < thresholds_of(self.record, logits)
-
-
-def rejection_report(logits: torch.Tensor, feats: torch.Tensor | None, inputs: torch.Tensor | None,
-                     targets: torch.Tensor, record: dict | None, classes: list[str]) -> dict | None:  # fmt: skip
-    """What a checkpoint's rejection does to a labelled set: the share rejected, overall and per class, and the
-    accuracy on the images it accepts; None without a rejection record."""
-    if record is None:
-        return None
-    unknown = Rejector(record)(logits, feats, inputs)
-    correct = logits.argmax(-1).cpu() == targets.cpu()
-    accepted = ~unknown
-    per_class = {
-        name: float(unknown[targets == c].double().mean()) if (targets == c).any() else None
-        for c, name in enumerate(classes)
-    }
-    return {
-        "score": record["score"],
-        "threshold": record["threshold"],
-        "rejected": float(unknown.double().mean()),
-        "rejected_per_class": per_class,
-        "accuracy_accepted": float(correct[accepted].double().mean()) if accepted.any() else None,
-        "accuracy_all": float(correct.double().mean()),
-    }
-
-
-def ood_report(inside: dict, outside: dict, record: dict | None, outside_logits: torch.Tensor) -> dict:
-    """Every score's AUROC and FPR at 95% TPR for telling `inside` ({score: (N,)}, the labelled set) from `outside`
-    (a folder of other images, whose logits are `outside_logits`), and the share of `outside` the checkpoint's own
-    thresholds call unknown."""
-    report = {
-        name: {"auroc": auroc(inside[name], outside[name]), "fpr_at_95_tpr": fpr_at_tpr(inside[name], outside[name])}
-        for name in inside
-        if name in outside
-    }
-    if record is not None and record["score"] in outside:
-        unknown = outside[record["score"]] < thresholds_of(record, outside_logits)
-        report["rejected_by_the_checkpoint"] = float(unknown.double().mean())
-    return report
-
-
-class FeatureTap(torch.nn.Module):
-    """Called like the model (images -> logits), keeping the pooled features and input_statistics of every call on the
-    CPU: one pass over a set gives the logits to a scorer (vit.evaluation.report.score) and the rest to rejection."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model, self.feats, self.inputs = model, [], []
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        feats, logits = pooled_features(self.model, x)
-        self.feats.append(feats.float().cpu())
-        self.inputs.append(input_statistics(x).cpu())
-        return logits

@@ -98,9 +98,14 @@ class Attention(nn.Module):
         q, scale = self.scaled_queries(q)
         if self.fused_attn:  # enable_gqa: SDPA shares each kv head across its group of query heads without a copy
             x = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=self.num_kv_heads != self.num_heads,
+                q,
+                k,
+                v,
+                attn_mask=attn_mask,
+                scale=scale,
+                enable_gqa=self.num_kv_heads != self.num_heads,
                 dropout_p=self.attn_drop.p if self.training else 0.0,
-            )  # fmt: skip
+            )
         else:
             x = eager_attention(q, k, v, attn_mask, scale, self.attn_drop)
         x = x.transpose(1, 2).reshape(B, N, C)  # (B, H, N, Dh) -> (B, N, D)

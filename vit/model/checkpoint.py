@@ -22,14 +22,23 @@ from vit.model.record import (
 from vit.model.vision_transformer import VisionTransformer
 
 # CheckpointError and the record's readers are vit/model/record.py's, importable from here too
-__all__ = ["CheckpointError", "arch_from_hparams", "load_checkpoint", "load_model", "model_of", "temperature_of",
-           "thresholds_of", "unknown_of"]  # fmt: skip
+__all__ = [
+    "CheckpointError",
+    "arch_from_hparams",
+    "load_checkpoint",
+    "load_model",
+    "model_of",
+    "temperature_of",
+    "thresholds_of",
+    "unknown_of",
+]
 
 
 def load_checkpoint(path: str | Path, toolkit: bool = True) -> dict:
-    """Read a Lightning checkpoint of this toolkit safely. Raises CheckpointError naming the file. `toolkit=False`:
-    any plain-data file (Lightning's ddp_spawn hands rank zero's weights back to the launcher as a bare state dict)."""
-    path = Path(path)
+    """Read a Lightning checkpoint of this toolkit safely: a file, or a run's folder or name (deployable_checkpoint).
+    Raises CheckpointError naming the file. `toolkit=False`: any plain-data file (Lightning's ddp_spawn hands rank
+    zero's weights back to the launcher as a bare state dict)."""
+    path = deployable_checkpoint(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
@@ -70,6 +79,26 @@ def field_problem(hparams: dict, cfg: ViTConfig) -> str | None:
     if not 1 <= cfg.img_size <= MAX_IMG_SIZE:
         return f"img_size={cfg.img_size} is outside 1-{MAX_IMG_SIZE}"
     return None
+
+
+def deployable_checkpoint(text: str | Path) -> Path:
+    """The checkpoint a command should load for `text`: a file as given; a run's folder (`checkpoints/folder`, or one
+    of its `version_<n>`) or a run's name (`folder`: checkpoints/folder under the working folder): the newest
+    version's best checkpoint (best-*.ckpt: the best epoch by the run's monitored score), else its last.ckpt. A path
+    that is neither is returned as given (the loader says what is wrong with it)."""
+    path = Path(text)
+    if path.is_file():
+        return path
+    if not path.exists() and not path.is_absolute() and len(path.parts) == 1 and Path("checkpoints", path).is_dir():
+        path = Path("checkpoints", path)
+    if not path.is_dir():
+        return path
+    versions = sorted((v for v in path.glob("version_*") if v.name[8:].isdigit()), key=lambda v: int(v.name[8:]))
+    for folder in versions[::-1] or [path]:
+        best = sorted(folder.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
+        if best or (folder / "last.ckpt").is_file():
+            return best[-1] if best else folder / "last.ckpt"
+    return path
 
 
 def load_model(path: str | Path) -> tuple[VisionTransformer, dict]:

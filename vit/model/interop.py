@@ -88,6 +88,11 @@ def timm_args(model: VisionTransformer) -> dict:
     """The keyword arguments of timm's VisionTransformer that build our model (plain JSON: they go into the
     config.json of `vit-export --format timm`). Raises InteropError for a variant timm does not have."""
     blk = model.blocks[0]
+    if model.cfg.stem != "patch":
+        raise InteropError(
+            f"stem={model.cfg.stem!r}: timm's VisionTransformer has no such stem (its patch embedding is one strided "
+            "convolution): --format onnx or torchscript exports this model"
+        )
     if (
         blk.attn.num_kv_heads != blk.attn.num_heads
         or blk.post_norm
@@ -95,7 +100,6 @@ def timm_args(model: VisionTransformer) -> dict:
         or not isinstance(blk.mlp, Mlp)
         or model.use_rope
         or type(blk.attn) is not Attention  # latent attention, LSA
-        or model.cfg.stem != "patch"
         or model.cfg.lsa
         or model.cfg.dist_token
     ):

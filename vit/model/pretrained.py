@@ -24,9 +24,9 @@ from vit.model.checkpoint import CheckpointError, arch_from_hparams, load_checkp
 from vit.model.patch_embed import patch_grid
 from vit.model.timm_state import InteropError, config_from_state_dict, convert_from_timm, load_state_dict
 from vit.model.vision_transformer import VisionTransformer
+from vit.model.weight_names import hub_name, names_a_file
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # what timm's Hugging Face repos hold, in timm's order
-WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
 
 
 @dataclass
@@ -56,14 +56,13 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _timm_name(source: str) -> tuple[str, str] | None:
+def timm_name(source: str) -> tuple[str, str] | None:
     """(architecture, Hugging Face repo id) of a timm name such as vit_small_patch16_224.augreg_in21k_ft_in1k or
     hf-hub:timm/NAME; None when timm does not know it."""
     import timm
     from timm.models import get_pretrained_cfg, split_model_name_tag
 
-    name = source.split(":", 1)[1] if source.startswith(("hf-hub:", "hf_hub:")) else source
-    name = name.removeprefix("timm/")
+    name = hub_name(source)
     arch, _ = split_model_name_tag(name)
     if "/" in name or not timm.is_model(arch):
         return None
@@ -71,7 +70,7 @@ def _timm_name(source: str) -> tuple[str, str] | None:
     return arch, (cfg.hf_hub_id if cfg is not None and cfg.hf_hub_id else f"timm/{name}")
 
 
-def _from_cache(source: str, repo: str) -> Path:
+def from_cache(source: str, repo: str) -> Path:
     """The weights file of a Hugging Face repo in the local cache (downloaded first when online)."""
     cache = hf_cache_dir()
     folder = cache / f"models--{repo.replace('/', '--')}"
@@ -131,11 +130,11 @@ def find_pretrained(source: str | Path, num_heads: int | None = None) -> Pretrai
             raise InteropError(f"init_from={text}: a folder without {' or '.join(WEIGHT_FILES)}")
         path = found[0]
     elif not path.exists():
-        named = None if text.endswith(WEIGHT_SUFFIXES) or text.startswith((".", "/", "~")) else _timm_name(text)
+        named = None if names_a_file(text) or text.startswith((".", "/", "~")) else timm_name(text)
         if named is None:
             raise InteropError(f"init_from={text}: no such weights file, and not a timm model name")
         arch_name, repo = named
-        path = _from_cache(text, repo)
+        path = from_cache(text, repo)
     if path.suffix == ".ckpt":
         return _from_toolkit_checkpoint(text, path, num_heads)
 
@@ -254,8 +253,18 @@ def load_pretrained(model: VisionTransformer, weights: Pretrained, class_names: 
 # may differ (resampled, adapted, a new head; a distillation token added or left out). A toolkit checkpoint fixes every
 # field but FREE.
 FIXED_BY_WEIGHTS = ("embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "qk_norm", "global_pool", "fc_norm")
-FREE = ("img_size", "patch_size", "in_chans", "num_classes", "drop_rate", "attn_drop_rate", "drop_path_rate",
-        "patch_drop_rate", "weight_init", "dist_token")  # fmt: skip
+FREE = (
+    "img_size",
+    "patch_size",
+    "in_chans",
+    "num_classes",
+    "drop_rate",
+    "attn_drop_rate",
+    "drop_path_rate",
+    "patch_drop_rate",
+    "weight_init",
+    "dist_token",
+)
 
 
 def _resample_ours(sd: dict, model: VisionTransformer, arch: dict) -> dict:

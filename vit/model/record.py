@@ -18,8 +18,17 @@ import torch
 from vit.model.config import ViTConfig
 
 # The keys this toolkit adds to Lightning's: a file holding any of them is checked before it is written (check_record)
-RECORD_KEYS = ("data", "calibration", "unknown", "multilabel", "logit_adjustment", "label_issues", "teacher",
-               "init_from", "rng_states")  # fmt: skip
+RECORD_KEYS = (
+    "data",
+    "calibration",
+    "unknown",
+    "multilabel",
+    "logit_adjustment",
+    "label_issues",
+    "teacher",
+    "init_from",
+    "rng_states",
+)
 
 
 class CheckpointError(ValueError):
@@ -104,11 +113,24 @@ def thresholds_of(ckpt: dict, path, num_classes: int) -> list[float]:
 # The shapes of the rejection statistics for a D-wide, N-block model of C classes (vit/evaluation/unknown.py writes
 # them); the KNN bank, (K, D), is any K
 def unknown_shapes(d: int, c: int, n: int) -> dict[str, tuple[int, ...]]:
-    return {"means": (c, d), "precision": (d, d), "background_mean": (d,), "background_precision": (d, d),
-            "normalized_means": (c, d), "normalized_precision": (d, d), "block_means": (n, c, d),
-            "block_precision": (n, d, d), "block_center": (n,), "block_spread": (n,), "input_mean": (5,),
-            "input_precision": (5, 5), "class_precision": (n + 1, c, d, d), "class_logdet": (n + 1, c),
-            "qda_center": (n + 1,), "qda_spread": (n + 1,)}  # fmt: skip
+    return {
+        "means": (c, d),
+        "precision": (d, d),
+        "background_mean": (d,),
+        "background_precision": (d, d),
+        "normalized_means": (c, d),
+        "normalized_precision": (d, d),
+        "block_means": (n, c, d),
+        "block_precision": (n, d, d),
+        "block_center": (n,),
+        "block_spread": (n,),
+        "input_mean": (5,),
+        "input_precision": (5, 5),
+        "class_precision": (n + 1, c, d, d),
+        "class_logdet": (n + 1, c),
+        "qda_center": (n + 1,),
+        "qda_spread": (n + 1,),
+    }
 
 
 def unknown_of(ckpt: dict, path, cfg: ViTConfig) -> dict | None:
@@ -123,8 +145,11 @@ def unknown_of(ckpt: dict, path, cfg: ViTConfig) -> dict | None:
         raise CheckpointError(f"{path}: its 'unknown' record has no score name, threshold and statistics")
     d, c, n = cfg.embed_dim, cfg.num_classes, cfg.depth
     per_class = record.get("class_thresholds")  # records made before per-class thresholds have none
-    if per_class is not None and (not isinstance(per_class, list) or len(per_class) != c
-                                  or not all(t is None or isinstance(t, float) for t in per_class)):  # fmt: skip
+    if per_class is not None and (
+        not isinstance(per_class, list)
+        or len(per_class) != c
+        or not all(t is None or isinstance(t, float) for t in per_class)
+    ):
         raise CheckpointError(f"{path}: its 'unknown' class_thresholds must be {c} numbers or nulls, one per class")
     parts = record["score"].split("+")  # a fused score: its parts' standardisation (vit.evaluation.unknown.fusion_of)
     fusion = record.get("fusion") if len(parts) > 1 else {"center": [0.0], "spread": [1.0]}

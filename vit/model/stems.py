@@ -6,6 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vit.model.config import HYBRID_STEMS  # noqa: F401  the hybrid's CNNs, imported from here by the model
+
 
 def conv_stem(in_chans: int, embed_dim: int, patch_size: int) -> nn.Sequential:
     """Xiao et al. (2021)'s convolutional stem: n = log2(patch_size) 3x3 stride-2 convolutions, each followed by
@@ -58,7 +60,6 @@ def shifted_patches(x: torch.Tensor, patch_size: int) -> torch.Tensor:
     return x.reshape(B, (H // p) * (W // p), p * p * 5 * C)
 
 
-HYBRID_STEMS = ("tf_efficientnet_lite0", "tf_efficientnet_lite1", "tf_efficientnet_lite2")
 # The CNN's convolutions run in channels_last (NHWC), weights and input: oneDNN's depthwise and 1x1 kernels run
 # ~1.3x faster a training step than in PyTorch's default NCHW (Lite0's stages to stride 16 with 192 x 4 blocks, batch
 # 32, fp32, 96-160 px: 1.32-1.45x on an Intel Xeon with AMX, 1.32-1.41x with oneDNN held to AVX2; `python

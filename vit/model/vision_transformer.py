@@ -28,8 +28,17 @@ from vit.model.patch_embed import PatchEmbed, build_patch_embed, patch_grid
 from vit.model.stems import shifted_patches
 
 # the layers, importable from here too (vit/model/attention.py and patch_embed.py define them)
-__all__ = ["Attention", "Block", "PatchEmbed", "PostNormBlock", "VisionTransformer", "build_block", "build_mlp",
-           "patch_grid", "shifted_patches"]  # fmt: skip
+__all__ = [
+    "Attention",
+    "Block",
+    "PatchEmbed",
+    "PostNormBlock",
+    "VisionTransformer",
+    "build_block",
+    "build_mlp",
+    "patch_grid",
+    "shifted_patches",
+]
 
 
 class Block(nn.Module):
@@ -75,8 +84,14 @@ def build_mlp(cfg: ViTConfig) -> nn.Module:
     token paying for top_k of them."""
     dim, hidden = cfg.embed_dim, int(cfg.embed_dim * cfg.mlp_ratio)
     if cfg.moe_experts > 0:
-        return MoEMlp(dim, hidden, num_experts=cfg.moe_experts, top_k=cfg.moe_top_k,
-                      capacity_factor=cfg.moe_capacity_factor, drop=cfg.drop_rate)  # fmt: skip
+        return MoEMlp(
+            dim,
+            hidden,
+            num_experts=cfg.moe_experts,
+            top_k=cfg.moe_top_k,
+            capacity_factor=cfg.moe_capacity_factor,
+            drop=cfg.drop_rate,
+        )
     if cfg.mlp_layer == "swiglu":
         return SwiGLU(dim, max(1, round(hidden * 2 / 3)), act_layer=nn.SiLU, drop=cfg.drop_rate)
     return Mlp(dim, hidden, act_layer=nn.GELU, drop=cfg.drop_rate)

@@ -1,5 +1,5 @@
 """Which config keys the user set, in a config file of their own or as a flag: those win over a plan, a fine-tune's
-weights and the planner's start (vit/planning/planned_run.py, fine_tune.py, start.py).
+weights and the planner's start (vit/run/planned.py, fine_tune.py, start.py).
 
     keys = explicit_keys(sys.argv[1:], ["my.yaml"])   # {"model.lr", "data.init_args.batch_size", ...}
     is_explicit("model.arch.depth", keys)             # True when "model.arch.depth" or "model.arch" or "model" was set

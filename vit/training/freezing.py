@@ -14,6 +14,12 @@ HEADS = ("head.", "head_dist.", "fc_norm.")  # what `freeze_backbone_epochs` lea
 STEM = "patch_embed.stem."  # a hybrid's CNN stem, held by `freeze_stem_epochs`
 
 
+def frozen_epochs(hparams) -> int:
+    """The first epochs in which some parameters are held (no backward pass through them: those epochs cost less, so a
+    run's speed is timed after them)."""
+    return max(getattr(hparams, "freeze_stem_epochs", 0), getattr(hparams, "freeze_backbone_epochs", 0))
+
+
 def frozen_names(model: torch.nn.Module, epoch: int, hparams) -> set[str]:
     """The names of `model`'s parameters that take no gradient in `epoch`: all but the head's in the first
     `freeze_backbone_epochs`, a CNN stem's in the first `freeze_stem_epochs`."""

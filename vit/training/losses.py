@@ -38,8 +38,13 @@ class LossTerms:
         self.label_smoothing, self.distill_weight, self.moe_aux_weight = label_smoothing, distill_weight, moe_aux_weight
         self.mixup = None  # timm's Mixup/CutMix on the batch, and the loss of its soft targets
         if mixup_alpha > 0 or cutmix_alpha > 0:
-            self.mixup = Mixup(mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, prob=mixup_prob,
-                               label_smoothing=label_smoothing, num_classes=num_classes)  # fmt: skip
+            self.mixup = Mixup(
+                mixup_alpha=mixup_alpha,
+                cutmix_alpha=cutmix_alpha,
+                prob=mixup_prob,
+                label_smoothing=label_smoothing,
+                num_classes=num_classes,
+            )
             self.soft_ce = SoftTargetCrossEntropy()
         self.log_prior: torch.Tensor | None = None
 

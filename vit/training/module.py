@@ -128,25 +128,16 @@ class ViTClassifier(L.LightningModule):
         super().__init__()
         if isinstance(arch, dict):  # load_from_checkpoint passes the saved hyper-parameters back: arch is a dict
             arch = ViTConfig.from_dict(arch)
-        check_arguments(
-            arch,
-            numbers={"lr": lr, "weight_decay": weight_decay, "warmup_epochs": warmup_epochs,
-                     "mixup_alpha": mixup_alpha, "cutmix_alpha": cutmix_alpha, "moe_aux_weight": moe_aux_weight,
-                     "logit_adjust_tau": logit_adjust_tau, "drloc_weight": drloc_weight,
-                     "guidance_weight": guidance_weight},
-            shares={"label_smoothing": label_smoothing, "mixup_prob": mixup_prob, "min_lr_ratio": min_lr_ratio,
-                    "resize_until": resize_until, "patch_drop_until": patch_drop_until,
-                    "teacher_share": teacher_share, "distill_weight": distill_weight},
-            ema_decay=ema_decay, layer_decay=layer_decay, freeze_backbone_epochs=freeze_backbone_epochs,
-            freeze_stem_epochs=freeze_stem_epochs,
-            optimizer=optimizer, schedule=schedule, resize_from=resize_from, class_names=class_names,
-            teacher=teacher, task=task,
-        )  # fmt: skip
         # Plain types only (lists, not tuples of objects): the checkpoint must load with weights_only=True.
         self.save_hyperparameters()
-        self.hparams.update(arch=arch.to_dict(), class_names=list(class_names) if class_names else None,
-                            mean=[float(v) for v in mean], std=[float(v) for v in std],
-                            betas=[float(b) for b in betas])  # fmt: skip
+        check_arguments(arch, self.hparams)
+        self.hparams.update(
+            arch=arch.to_dict(),
+            class_names=list(class_names) if class_names else None,
+            mean=[float(v) for v in mean],
+            std=[float(v) for v in std],
+            betas=[float(b) for b in betas],
+        )
         self.model = VisionTransformer(arch)
         self._moe_layers = [m for m in self.model.modules() if isinstance(m, MoEMlp)]  # a list: not re-registered
         self._expert_counts = torch.zeros(len(self._moe_layers), arch.moe_experts, dtype=torch.long)
@@ -154,9 +145,16 @@ class ViTClassifier(L.LightningModule):
         # DRLoc's MLP and locality guidance's maps: trained beside the ViT (drloc.*, guidance.*), never exported
         self.drloc = RelativeLocalization(arch.embed_dim) if drloc_weight > 0 else None
         self.guidance = LocalityGuidance.of(teacher, arch) if guidance_weight > 0 else None
-        self.losses = LossTerms(num_classes=arch.num_classes, task=task, label_smoothing=label_smoothing,
-                                mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, mixup_prob=mixup_prob,
-                                distill_weight=distill_weight, moe_aux_weight=moe_aux_weight)  # fmt: skip
+        self.losses = LossTerms(
+            num_classes=arch.num_classes,
+            task=task,
+            label_smoothing=label_smoothing,
+            mixup_alpha=mixup_alpha,
+            cutmix_alpha=cutmix_alpha,
+            mixup_prob=mixup_prob,
+            distill_weight=distill_weight,
+            moe_aux_weight=moe_aux_weight,
+        )
         self._add_metrics(arch.num_classes)
         if task == "multilabel":
             self.val_multi, self.test_multi = multilabel_metrics(arch.num_classes), multilabel_metrics(arch.num_classes)

@@ -2,7 +2,7 @@
 machine's processes, the callbacks a run's flags leave out, resuming in place, the checkpoints' folders and the
 mid-epoch checkpoint, the split.csv of a folder, and the lines that say where the best checkpoint went.
 
-vit/planning/fit_steps.py calls these in order, with the plan and its budget (vit/planning/planned_run.py) and the
+vit/run/steps.py calls these in order, with the plan and its budget (vit/run/planned.py) and the
 reports after fit (vit/evaluation/after_fit.py), which live with the packages they need (a package imports only from
 lower ones).
 """

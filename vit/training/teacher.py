@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from vit.model.cnn_weights import CnnWeights, build_cnn, looks_pretrained, read_cnn_weights
+from vit.model.weight_names import TENSOR_SUFFIXES, names_a_file
 from vit.training.metrics import ConfusionCounts, TopKAccuracy
 
 TEACHER_FILE = "teacher.safetensors"
@@ -41,8 +42,16 @@ class Teacher(torch.nn.Module):
     student's mean/std -> logits (B, num_classes). `mean`, `std` are the ones the CNN was trained with (ImageNet
     weights: theirs); `img_size` its own resolution (None: the student's), to which `renormalise` resizes the view."""
 
-    def __init__(self, name: str, num_classes: int, in_chans: int, mean: list[float], std: list[float],
-                 img_size: int | None = None, weights: CnnWeights | None = None):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        num_classes: int,
+        in_chans: int,
+        mean: list[float],
+        std: list[float],
+        img_size: int | None = None,
+        weights: CnnWeights | None = None,
+    ):
         super().__init__()
         self.name, self.num_classes, self.in_chans, self.img_size = name, num_classes, in_chans, img_size
         if weights is not None:  # ImageNet features, a new head, the first convolution adapted to the channels
@@ -71,9 +80,16 @@ class Teacher(torch.nn.Module):
 
     def save(self, path: Path, **record) -> None:
         # the record's `name` is what the run was given (a weights file, say): `source`; `name` is the architecture
-        meta = {**record, "source": record.get("name", self.name), "name": self.name, "num_classes": self.num_classes,
-                "in_chans": self.in_chans, "mean": self.mean.flatten().tolist(), "std": self.std.flatten().tolist(),
-                "img_size": self.img_size}  # fmt: skip
+        meta = {
+            **record,
+            "source": record.get("name", self.name),
+            "name": self.name,
+            "num_classes": self.num_classes,
+            "in_chans": self.in_chans,
+            "mean": self.mean.flatten().tolist(),
+            "std": self.std.flatten().tolist(),
+            "img_size": self.img_size,
+        }
         save_file(self.net.state_dict(), str(path), metadata={"teacher": json.dumps(meta)})
 
 
@@ -169,7 +185,7 @@ def load_teacher(path: str | Path, num_classes: int, in_chans: int) -> tuple[Tea
 def check_teacher_name(name: str) -> None:
     """A timm model name, a teacher file, or pretrained weights (a weights file, a timm name with a tag), else a
     one-line error that names it."""
-    if name.endswith((".safetensors", ".pth", ".pt", ".bin")):
+    if names_a_file(name, TENSOR_SUFFIXES):
         if not Path(name).is_file():
             raise ValueError(f"teacher={name!r}: no such file")
     if looks_pretrained(name):
@@ -191,8 +207,7 @@ class TeacherFit(L.Callback):
         clock: time.time, replaceable in tests.
     """
 
-    def __init__(self, name: str, share: float, lr: float | None = None, img_size: int | None = None,
-                 clock=time.time):  # fmt: skip
+    def __init__(self, name: str, share: float, lr: float | None = None, img_size: int | None = None, clock=time.time):
         self.name, self.share, self.img_size, self.clock = name, share, img_size, clock
         self.pretrained = looks_pretrained(name)
         self.lr = lr if lr is not None else (5e-4 if self.pretrained else 1e-3)
@@ -215,8 +230,14 @@ class TeacherFit(L.Callback):
             if self.pretrained:
                 teacher = pretrained_teacher(self.name, cfg.num_classes, cfg.in_chans, self.img_size)
             else:
-                teacher = Teacher(self.name, cfg.num_classes, cfg.in_chans, mean.flatten().tolist(),
-                                  std.flatten().tolist(), self.img_size)  # fmt: skip
+                teacher = Teacher(
+                    self.name,
+                    cfg.num_classes,
+                    cfg.in_chans,
+                    mean.flatten().tolist(),
+                    std.flatten().tolist(),
+                    self.img_size,
+                )
             teacher.to(pl_module.device)
             self.record = self.train(teacher, dm.train_dataloader(), trainer, pl_module.device, mean, std)
         teacher.to(pl_module.device).eval().requires_grad_(False)
@@ -233,8 +254,9 @@ class TeacherFit(L.Callback):
             folder.mkdir(parents=True, exist_ok=True)
             teacher.save(folder / TEACHER_FILE, **self.record)
 
-    def train(self, teacher: Teacher, batches, trainer: L.Trainer, device: torch.device, mean: torch.Tensor,
-              std: torch.Tensor) -> dict:  # fmt: skip
+    def train(
+        self, teacher: Teacher, batches, trainer: L.Trainer, device: torch.device, mean: torch.Tensor, std: torch.Tensor
+    ) -> dict:
         """On the student's batches (mean, std: their normalisation, (1, C, 1, 1)), by the clock when a budget
         callback holds a deadline, else by epochs: AdamW (timm's CNNs train well with it from scratch at 1e-3;
         ImageNet weights fine-tune at 5e-4), cosine to 0, label smoothing 0.1. Returns the record."""

@@ -20,12 +20,12 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from vit.evaluation.after_fit import after_fit_lines
 from vit.evaluation.label_issues import label_issue_finder
-from vit.planning.estimate import RunEstimate
 from vit.planning.explicit import explicit_keys, is_explicit
-from vit.planning.fine_tune import apply_weights
 from vit.planning.plan import Plan
-from vit.planning.planned_run import apply_plan, keep_plan_and_budget, plan_yaml
-from vit.planning.precision import apply_precision
+from vit.run.estimate import RunEstimate
+from vit.run.planned import apply_plan, keep_plan_and_budget, plan_yaml
+from vit.run.trainer import apply_precision
+from vit.run.weights import apply_weights
 from vit.training.run import best_checkpoint_lines, prepare_checkpoints, resume_target, share_memory_budget
 from vit.training.run_folders import run_files_folder
 
@@ -59,8 +59,9 @@ def say_precision(said: str | None) -> None:
         print(said, file=sys.stderr if said.startswith("warning") else sys.stdout, flush=True)
 
 
-def before_fit(trainer: L.Trainer, datamodule, config, *, planned: Planned | None, argv: Sequence[str],
-               parser) -> str | None:  # fmt: skip
+def before_fit(
+    trainer: L.Trainer, datamodule, config, *, planned: Planned | None, argv: Sequence[str], parser
+) -> str | None:
     """The trainer built, fit not started: returns the checkpoint to resume from (`--ckpt_path last`: the newest in
     the run's folder, which the run then continues) and adds to the trainer the mid-epoch checkpoint, split.csv, the
     label-issue finder (`--find_label_issues`), the plan's budget and plan.yaml (`parser` writes it), and the line
@@ -74,9 +75,14 @@ def before_fit(trainer: L.Trainer, datamodule, config, *, planned: Planned | Non
         trainer.callbacks.append(label_issue_finder(datamodule, folder))
     if planned is not None:
         plan, deadline = planned
-        keep_plan_and_budget(trainer, plan, deadline, folder,
-                             yaml_of=lambda epochs: plan_yaml(parser, config, epochs, plan),
-                             budget_owned=not is_explicit("trainer.max_epochs", _explicit(config, argv)))  # fmt: skip
+        keep_plan_and_budget(
+            trainer,
+            plan,
+            deadline,
+            folder,
+            yaml_of=lambda epochs: plan_yaml(parser, config, epochs, plan),
+            budget_owned=not is_explicit("trainer.max_epochs", _explicit(config, argv)),
+        )
     trainer.callbacks.append(RunEstimate())  # say early how long it will take here, and again if that changes
     return ckpt
 

@@ -7,6 +7,8 @@ import math
 import lightning as L
 import torch
 
+from vit.training.freezing import frozen_epochs
+
 log = logging.getLogger(__name__)
 
 # Runs of at most this many steps are not checked for a slow bf16 (the check's own steps would double them).
@@ -74,12 +76,15 @@ class RunEstimate(L.Callback):
         self._skip = max(0, min(self.skip, n - self._timed))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        if trainer.current_epoch == 0 and self.estimate_s is None and batch_idx == self._skip:
+        # timed in the first epoch that trains everything: frozen epochs skip part of the backward pass (the hybrid's
+        # first took half the time of the next), so their steps would promise half the run's time
+        first = frozen_epochs(pl_module.hparams)
+        if trainer.current_epoch == first and self.estimate_s is None and batch_idx == self._skip:
             self._t0 = self._now(pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if self.estimate_s is None:
-            if trainer.current_epoch == 0 and self._t0 is not None and batch_idx == self._skip + self._timed - 1:
+            if self._t0 is not None and batch_idx == self._skip + self._timed - 1:
                 self._report(trainer, pl_module, (self._now(pl_module) - self._t0) / self._timed)
                 self._mark = (self._now(pl_module, sync=False), trainer.global_step)
             return
@@ -97,12 +102,12 @@ class RunEstimate(L.Callback):
 
     def _timings(self, trainer, step_s: float) -> tuple[int, float, float]:
         """(steps left, seconds to the end, seconds to the next checkpoint: the end of this epoch's validation)."""
-        from vit.planning.plan import EPOCH_OVERHEAD
+        from vit.planning.plan import EPOCH_OVERHEAD, FORWARD_SHARE
 
         train_batches = trainer.num_training_batches
         train_batches = int(train_batches) if train_batches != float("inf") else 0
         val_batches = sum(trainer.num_val_batches) if trainer.num_val_batches else 0
-        val_s = val_batches * step_s / 3  # validation is forward-only: about a third of a training step a batch
+        val_s = val_batches * step_s * FORWARD_SHARE  # validation is forward-only
         epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
         total = int(getattr(trainer, "estimated_stepping_batches", epochs * train_batches))
         left = max(0, total - getattr(trainer, "global_step", 0))
@@ -115,21 +120,23 @@ class RunEstimate(L.Callback):
         return left, to_end, to_checkpoint
 
     def _report(self, trainer, pl_module, step_s: float) -> None:
-        from vit.planning.plan import EPOCH_OVERHEAD
+        from vit.planning.plan import EPOCH_OVERHEAD, FORWARD_SHARE
 
         self.step_s = step_s
         train_batches = trainer.num_training_batches
         val_batches = sum(trainer.num_val_batches) if trainer.num_val_batches else 0
-        # validation is forward-only, about a third of a training step per batch of the same size (vit/planning/plan.py)
-        epoch_s = train_batches * step_s * EPOCH_OVERHEAD + val_batches * step_s / 3
+        epoch_s = train_batches * step_s * EPOCH_OVERHEAD + val_batches * step_s * FORWARD_SHARE
         epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
         total = int(getattr(trainer, "estimated_stepping_batches", epochs * train_batches))
         left, to_end, to_checkpoint = self._timings(trainer, step_s)
         self.estimate_s = to_end + getattr(trainer, "global_step", 0) * step_s * EPOCH_OVERHEAD
         device = pl_module.device
         where = f"{device.type}, {torch.cuda.get_device_name(device)}" if device.type == "cuda" else f"cpu, {cores()}"
-        shape = (f"{epochs} epochs of {train_batches} steps" if train_batches != float("inf") and
-                 total >= epochs * train_batches else f"{total} steps")  # fmt: skip
+        shape = (
+            f"{epochs} epochs of {train_batches} steps"
+            if train_batches != float("inf") and total >= epochs * train_batches
+            else f"{total} steps"
+        )
         line = (
             f"this recipe: {shape}, about {duration(self.estimate_s)} on this machine ({where}; {step_s:.2f} s a "
             f"step); {left} steps left: the end in ~{duration(to_end)}, the next checkpoint in "
@@ -153,8 +160,11 @@ class RunEstimate(L.Callback):
         ratio = step_s / self.step_s
         self.step_s = step_s
         left, to_end, to_checkpoint = self._timings(trainer, step_s)
-        self._say(trainer, f"estimate: now {step_s:.2f} s a step ({ratio:.1f}x); {left} steps left: the end in "
-                           f"~{duration(to_end)}, the next checkpoint in ~{duration(to_checkpoint)}")  # fmt: skip
+        self._say(
+            trainer,
+            f"estimate: now {step_s:.2f} s a step ({ratio:.1f}x); {left} steps left: the end in "
+            f"~{duration(to_end)}, the next checkpoint in ~{duration(to_checkpoint)}",
+        )
 
     def _say(self, trainer, line: str) -> None:
         self.lines.append(line)

@@ -99,8 +99,9 @@ def apply_cnn_weights(config, source: str, explicit: set[str]) -> CnnWeights:
         )
     config.model.init_from = None  # ViT weights: none; the stem's are loaded from stem_from
     if is_explicit("model.arch.stem", explicit) and config.model.arch.stem != weights.arch:
-        raise ValueError(f"--model.arch.stem {config.model.arch.stem} contradicts the weights' {weights.arch} "
-                         f"(init_from={source})")  # fmt: skip
+        raise ValueError(
+            f"--model.arch.stem {config.model.arch.stem} contradicts the weights' {weights.arch} (init_from={source})"
+        )
     config.model.arch.stem, config.model.stem_from = weights.arch, source
     if not is_explicit("model.arch.patch_size", explicit):
         config.model.arch.patch_size = HYBRID_PATCH
