@@ -626,3 +626,28 @@ def test_the_plan_table_says_how_a_teachers_time_is_taken(digits_folder, in_tmp,
     row = next(line for line in caplog.text.splitlines() if line.strip().startswith("teacher "))
     assert "test_resnet, trained first, for 30% of max_epochs" in row and "its score alone follows" in row
     assert cli.model.teacher_record["epochs"] == 1
+
+
+def test_the_user_says_what_a_planned_run_optimises_and_the_plan_row_says_which_and_why():
+    """--objective: accuracy or balanced accuracy whatever the class balance; auto follows the long-tail rule."""
+    from dataclasses import replace
+
+    from vit.planning.objective import with_objective
+
+    balanced = fp(15_000)
+    counts = [round(4500 * 100 ** (-i / 9)) for i in range(10)]
+    tailed = replace(balanced, class_counts=counts, n_train=sum(counts))
+    for data, objective, want in [
+        (tailed, "auto", True),
+        (tailed, "accuracy", False),
+        (balanced, "auto", False),
+        (balanced, "balanced", True),
+    ]:
+        p = with_objective(make_plan(data, CPU2, 300, 3.0, speeds_like_2_cores), data, objective)
+        o, rows = p.overrides, {name: (value, why) for name, value, why in p.rows}
+        assert (o.get("checkpoint.monitor") == "val/acc_balanced") == want == bool(o.get("model.posthoc_logit_adjust"))
+        value, why = rows["objective"]
+        assert value.startswith("balanced accuracy" if want else "accuracy") and "long tail" not in rows
+        assert (f"--objective {objective}" in why) == (objective != "auto") and "class balance" in why
+    with pytest.raises(ValueError, match="objective='recall' must be one of auto, accuracy, balanced"):
+        with_objective(make_plan(tailed, CPU2, 300, 3.0, speeds_like_2_cores), tailed, "recall")

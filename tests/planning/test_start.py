@@ -11,8 +11,9 @@ from fake_speeds import CPU2
 from PIL import Image
 
 import train
+from vit.model import cnn_weights
 from vit.planning.fingerprint import Fingerprint
-from vit.planning.hybrid_plan import HYBRID_MIN_EPOCHS, HybridTooSlow, make_hybrid_plan
+from vit.planning.hybrid_plan import HYBRID_FALLBACK_EPOCHS, HYBRID_MIN_EPOCHS, HybridTooSlow, make_hybrid_plan
 from vit.planning.start import DEFAULT_CNN, HYBRID_KINDS, choose_start, data_kind, weights_installed
 
 
@@ -60,11 +61,15 @@ def by_pixels(archs, batch, precision="32-true"):
 
 def test_the_planners_own_hybrid_needs_its_floor_of_epochs_and_weights_you_named_do_not():
     photos = KINDS["photos"]
-    short, enough = 120, 900
-    with pytest.raises(HybridTooSlow, match=f"of {HYBRID_MIN_EPOCHS} in the {short} s budget"):
+    short, few, enough = 120, 250, 900  # ~5, ~12 and ~40 epochs at 96 px
+    with pytest.raises(HybridTooSlow, match=f"under the {HYBRID_FALLBACK_EPOCHS} it needs, in the {short} s budget"):
         make_hybrid_plan(photos, CPU2, short, 3.0, by_pixels, arch="tf_efficientnet_lite0", source="w", floor=True)
     named = make_hybrid_plan(photos, CPU2, short, 3.0, by_pixels, arch="tf_efficientnet_lite0", source="w")
-    assert named.overrides["trainer.max_epochs"] < HYBRID_MIN_EPOCHS  # yours: what fits
+    assert named.overrides["trainer.max_epochs"] < HYBRID_FALLBACK_EPOCHS  # yours: what fits
+    below_the_side_floor = make_hybrid_plan(
+        photos, CPU2, few, 3.0, by_pixels, arch="tf_efficientnet_lite0", source="w", floor=True
+    )  # fewer epochs than a side wants, more than the hybrid needs to beat from scratch: still the hybrid
+    assert HYBRID_FALLBACK_EPOCHS <= below_the_side_floor.overrides["trainer.max_epochs"] < HYBRID_MIN_EPOCHS
     planned = make_hybrid_plan(
         photos, CPU2, enough, 3.0, by_pixels, arch="tf_efficientnet_lite0", source="w", floor=True
     )
@@ -103,12 +108,18 @@ def test_a_photo_folder_starts_from_imagenet_weights_unless_the_budget_or_you_sa
 ):
     monkeypatch.setattr("vit.run.planned.process_start", time.time)
     monkeypatch.setattr("vit.planning.plan.calibrate", lambda *a, **k: fake_speeds(hybrid_speed)(*a, **k))
+    reads = []  # full reads of a weights file: the run's three uses of it (plan, config, stem) share one
+    monkeypatch.setattr(cnn_weights, "_LAST_READ", {})
+    monkeypatch.setattr(
+        cnn_weights, "_read_file", lambda path, read=cnn_weights._read_file: reads.append(path) or read(path)
+    )
     write_photos(in_tmp / "photos")
     cli = train.main(["fit", "--data.root", str(in_tmp / "photos"), "--budget", "5min", *flags,
                       "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1", "--trainer.limit_val_batches",
                       "1", "--data.init_args.img_size", "64", "--trainer.enable_progress_bar", "false",
                       "--attention_maps.every_n_epochs", "0"])  # fmt: skip
     assert cli.model.model.cfg.stem == stem
+    assert len(reads) == (1 if stem.startswith("tf_") else int(hybrid_speed < 1 and not flags))
     saved = next(in_tmp.glob("**/plan.yaml")).read_text()  # its header is the plan's table
     start = next(line for line in saved.splitlines() if line.startswith("#   start "))
     assert said in start, start

@@ -5,8 +5,8 @@ stages as the patch embedding, vit/planning/hybrid_plan.py), or from scratch (vi
 
 The rule reads the data's kind from its fingerprint, never its name. The hybrid is chosen for a kind only where it was
 measured ahead of the from-scratch plan at the same budget (docs/recipes.md, "The start"); everywhere else the
-from-scratch plan stays. A chosen hybrid that the budget cannot give HYBRID_MIN_EPOCHS epochs at its smallest side
-falls back to from scratch (vit/run/planned.py), the reason in the plan's table. You decide instead with
+from-scratch plan stays. A chosen hybrid that the budget cannot give HYBRID_FALLBACK_EPOCHS epochs at its smallest
+side falls back to from scratch (vit/run/planned.py), the reason in the plan's table. You decide instead with
 `--model.init_from WEIGHTS` (that start, planned) or `--model.init_from none` (from scratch).
 """
 

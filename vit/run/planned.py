@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
@@ -29,6 +30,7 @@ from vit.planning.explicit import explicit_keys, is_explicit
 from vit.planning.fine_tune_plan import make_fine_tune_plan
 from vit.planning.fingerprint import fingerprint
 from vit.planning.hybrid_plan import make_hybrid_plan
+from vit.planning.objective import with_objective
 from vit.planning.plan import FIXED_S, Plan, make_plan, warmup_epochs
 from vit.planning.speed import Machine
 from vit.planning.start import choose_start
@@ -68,6 +70,7 @@ def apply_plan(
         plan = make_fine_tune_plan(fp, Machine.here(), budget, clock() - start, arch=arch, source=source)
     else:
         plan = plan_a_start(config, fp, budget, explicit, lambda: clock() - start)
+    plan = with_objective(plan, fp, config.get("objective") or "auto")
     yours = []
     for key, value in plan.overrides.items():
         if is_explicit(key, explicit):
@@ -130,6 +133,13 @@ def add_plan_arguments(parser) -> None:
         default=False,
         help="plan the recipe from the data (a folder, CIFAR, torch/NAME or litdata chunks), this machine and "
         "--budget (vit/planning/plan.py); configs/folder.yaml turns it on; any field you set wins over the plan",
+    )
+    parser.add_argument(
+        "--objective",
+        type=Literal["auto", "accuracy", "balanced"],
+        default="auto",
+        help="what a planned run optimises: accuracy, or balanced accuracy (each class alike: the best checkpoint by "
+        "val/acc_balanced and logits shifted for the training prior); auto: balanced below a class balance of 0.5",
     )
     parser.add_argument(
         "--budget",
