@@ -357,6 +357,7 @@ def test_a_run_no_longer_than_the_bf16_check_is_not_checked(monkeypatch):
 
     checked = []
     monkeypatch.setattr("vit.planning.speed.calibrate", lambda *a, **kw: checked.append(a) or [1.0])
+    monkeypatch.setattr("vit.planning.precision.native_bf16_cpu", lambda: True)  # else the flags answer untimed
     module = SimpleNamespace(device=torch.device("cpu"), model=SimpleNamespace(cfg=None))
     for steps in (4, CHECK_STEPS, CHECK_STEPS + 1):
         trainer = SimpleNamespace(precision="bf16-mixed", estimated_stepping_batches=steps, is_global_zero=True)

@@ -39,7 +39,9 @@ def test_each_wheels_file_maps_onto_timm_with_the_wheels_own_logits(size, lite0)
     ours = timm.create_model(weights.arch)
     ours.load_state_dict(weights.state_dict)  # strict: every key mapped
     torch.manual_seed(0)
-    x = torch.randn(2, 3, 96, 96)
+    # at the weights' own side (224, 240, 260): the reference pads its convolutions for that side only (TF's "same"
+    # padding, computed once), timm's pad for the input they get
+    x = torch.randn(2, 3, weights.input_size, weights.input_size)
     with torch.no_grad():
         torch.testing.assert_close(ours.eval()(x), reference.eval()(x), atol=1e-4, rtol=0)
 

@@ -9,7 +9,7 @@ from conftest import SMOKE, fit_in
 
 from vit.data.base import by_class_sample
 from vit.evaluation import after_fit
-from vit.planning import estimate
+from vit.run import estimate
 
 ARGS = ["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false", "--attention_maps.every_n_epochs", "0"]
 

@@ -91,7 +91,7 @@ def timm_args(model: VisionTransformer) -> dict:
     if model.cfg.stem != "patch":
         raise InteropError(
             f"stem={model.cfg.stem!r}: timm's VisionTransformer has no such stem (its patch embedding is one strided "
-            "convolution): --format onnx or torchscript exports this model"
+            "convolution; only the plain model converts): --format onnx or torchscript exports this model"
         )
     if (
         blk.attn.num_kv_heads != blk.attn.num_heads

@@ -46,7 +46,10 @@ HYBRID_FREEZE_STEM_EPOCHS = 1
 # steps in the same epochs. Folds 0-2 at 15 minutes 87.1 / 82.4% against 84.4 / 82.0%; larger sets keep their tier's
 # batch (not measured).
 HYBRID_BATCH = 32
-MEASURED_HYBRID = "5 min: 77.1-87.4%, balanced 71.4-83.1%; 15 min: 83.0-89.6%, balanced 82.2-85.2% (1,181 300-px cells)"
+MEASURED_HYBRID = (
+    "1,181 300-px cells, held out: 15 min 83.0-89.6%, balanced 82.2-85.2% (Xeon with AMX), 83.6-87.0%, balanced "
+    "78.1-81.0% (AVX2 EPYC, fp32); 5 min 77.1-87.4% / 71.4-83.1% (Xeon), 76.8-84.8% / 76.8-80.4% (EPYC)"
+)
 
 
 class HybridTooSlow(ValueError):

@@ -16,31 +16,14 @@ resolved value, so that a rerun from them trains the same way.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from vit.model.config import ViTConfig
+from vit.planning.speed import native_bf16_cpu
 
-# The CPU feature names that make bf16 native: x86's in /proc/cpuinfo's `flags` (AVX512-BF16, AMX-BF16), Arm's in
-# its `Features` line (FEAT_BF16, Armv8.6 and later: Graviton 3, Apple M2)
-BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 # The one probe of both precisions on a CPU that has bf16: a few training steps of the run's model at this batch
 PROBE_BATCH, PROBE_STEPS = 8, 3
 BF16_GAIN = 1.1  # bf16 is taken where its training step is this much faster than fp32's: it rounds, so it must buy
-
-
-def native_bf16_cpu(cpuinfo: str | None = None) -> bool | None:
-    """Whether this CPU computes bf16 natively (its flags name AVX512-BF16 or AMX-BF16, or Arm's BF16); None where
-    it cannot be read (not Linux)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return None
-    lines = [line.split(":", 1) for line in cpuinfo.splitlines() if ":" in line]
-    flags = next((value.split() for key, value in lines if key.strip() in ("flags", "Features")), [])
-    return any(f in flags for f in BF16_FLAGS)
 
 
 def decide_precision(device: str, measure, *, native=None) -> tuple[str, str]:
@@ -73,7 +56,7 @@ def _device(accelerator: str | None) -> str:
 
 def probe(arch: ViTConfig) -> tuple[float, float]:
     """Training images/s of the run's model at fp32 and at bf16-mixed on this CPU: a few steps at a small batch."""
-    from vit.planning.speed import calibrate
+    from vit.planning.speed import calibrate  # looked up at call time: tests replace it
 
     return tuple(
         calibrate([arch], PROBE_BATCH, "cpu", p, steps=PROBE_STEPS, warmup=1)[0] for p in ("32-true", "bf16-mixed")

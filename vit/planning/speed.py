@@ -6,12 +6,30 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from vit.model.config import ViTConfig
 from vit.model.vision_transformer import VisionTransformer
 from vit.training.optim import MuonWithAdamW, split_for_muon
+
+# The CPU feature names that make bf16 native: x86's in /proc/cpuinfo's `flags` (AVX512-BF16, AMX-BF16), Arm's in
+# its `Features` line (FEAT_BF16, Armv8.6 and later: Graviton 3, Apple M2)
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def native_bf16_cpu(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU computes bf16 natively (its flags name AVX512-BF16 or AMX-BF16, or Arm's BF16); None where
+    it cannot be read (not Linux)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    lines = [line.split(":", 1) for line in cpuinfo.splitlines() if ":" in line]
+    flags = next((value.split() for key, value in lines if key.strip() in ("flags", "Features")), [])
+    return any(f in flags for f in BF16_FLAGS)
 
 
 @dataclass
@@ -20,12 +38,10 @@ class Machine:
     cores: int
     gpu: str = ""
     gpu_mem_gb: float = 0.0
-    native_bf16: bool | None = None  # a CPU's flags name native bf16 (vit/planning/precision.py); None: not read
+    native_bf16: bool | None = None  # a CPU's flags name native bf16 (native_bf16_cpu); None: not read
 
     @staticmethod
     def here() -> Machine:
-        from vit.planning.precision import native_bf16_cpu
-
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         if torch.cuda.is_available():
             p = torch.cuda.get_device_properties(0)
