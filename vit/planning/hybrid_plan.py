@@ -34,6 +34,11 @@ HYBRID_MIN_EPOCHS = 20
 # against from scratch's 80.4 / 73.7% (folds 0-2); fewer epochs than that are not measured.
 HYBRID_FALLBACK_EPOCHS = 10
 HYBRID_EPOCHS = 40
+# A real epoch over the timed steps (plan.py's EPOCH_OVERHEAD, 1.2, is a small ViT's): the augmentation, metrics and
+# logging per image are the same, the CNN's step ~10x costlier. Five planned runs on the cells (AVX2 EPYC, fp32, 96
+# and 128 px) ran their epochs in 0.88-1.15x the timed steps' time, 0.99x on average; with 1.2 a 15-minute run planned
+# 96 px for 128 px's 23 epochs and stopped at HYBRID_EPOCHS with ~150 s unspent.
+HYBRID_EPOCH_OVERHEAD = 1.0
 HYBRID_SIDE = 160  # without a budget
 # AdamW for the pretrained stages and the new blocks alike; on the screening fold 2.5e-4 and 1e-3 tie with 5e-4.
 HYBRID_LR = 5e-4
@@ -80,6 +85,7 @@ class HybridPlanner(Planner):
         if fp.n_train <= TIERS[0][0]:
             self.batch = min(self.batch, HYBRID_BATCH)
         self.want, self.most, self.min_epochs = HYBRID_EPOCHS, HYBRID_EPOCHS, HYBRID_MIN_EPOCHS
+        self.epoch_overhead = HYBRID_EPOCH_OVERHEAD
 
     def timing_batch(self) -> int:
         return min(self.batch, CALIBRATION_BATCH)

@@ -217,6 +217,7 @@ class Planner:
         self.stem = "conv" if self.photo else "patch"
         self.lr = PHOTO_LR if self.photo else LR
         self.models = MODELS  # (embed_dim, depth, num_heads) to choose from; a fine-tune has its weights' one
+        self.epoch_overhead = EPOCH_OVERHEAD
         self.most = (PHOTO_EPOCH_CAP if self.photo else 2) * self.want  # the most epochs a budget may buy
 
     def plan(self) -> Plan:
@@ -251,7 +252,7 @@ class Planner:
 
     def epoch_seconds(self, speed: float) -> float:
         # training at the timed speed plus overhead; validation forward-only (FORWARD_SHARE of a step an image)
-        return (self.fp.n_train / speed) * EPOCH_OVERHEAD + self.fp.n_val * FORWARD_SHARE / speed
+        return (self.fp.n_train / speed) * self.epoch_overhead + self.fp.n_val * FORWARD_SHARE / speed
 
     def timing_batch(self) -> int:
         """The batch the calibration steps time: the run's own (a planner of costly steps times fewer images)."""
