@@ -31,15 +31,15 @@ from vit.model.vision_transformer import VisionTransformer
 
 def labelled_images(folder: str, hp: dict, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, C, S, S) normalised float32 images and (N,) labels of a <class>/<image> folder, as vit-predict reads them."""
-    names = hp.get("class_names") or sorted(p.name for p in Path(folder).iterdir() if p.is_dir())
+    names = hp.class_names or sorted(p.name for p in Path(folder).iterdir() if p.is_dir())
     paths, labels = [], []
     for k, name in enumerate(names):
         found = expand_inputs([str(Path(folder, name))])
         paths += found
         labels += [k] * len(found)
     order = np.random.default_rng(0).permutation(len(paths))[:limit]
-    x = torch.stack([image_at(read_image(paths[i], hp.get("in_chans", 3)), hp["img_size"]) for i in order])
-    return normalize(x, hp["mean"], hp["std"]), torch.tensor(labels)[order]
+    x = torch.stack([image_at(read_image(paths[i], hp.in_chans), hp.img_size) for i in order])
+    return normalize(x, hp.mean, hp.std), torch.tensor(labels)[order]
 
 
 def static_int8(fp32: Path, out: Path, calibration: torch.Tensor) -> Path:
@@ -82,7 +82,7 @@ def main() -> None:
         hp = {"img_size": 32, "in_chans": 3, "mean": [0.5] * 3, "std": [0.5] * 3}
     model = model.eval()
     data = labelled_images(a.data, hp, a.limit) if a.data and a.ckpt else None
-    size, chans = hp["img_size"], hp.get("in_chans", 3)
+    size, chans = hp.img_size, hp.in_chans
     calibration = data[0][: a.calibration] if data is not None else torch.randn(a.calibration, chans, size, size)
     with tempfile.TemporaryDirectory() as tmp:
         fp32 = export(model, "onnx", Path(tmp, "fp32.onnx"), size, chans)

@@ -32,7 +32,7 @@ def measure(
         model = VisionTransformer(img_size=32, patch_size=4, embed_dim=384, depth=7, num_heads=6).eval()
         hp = {"img_size": 32, "mean": [0.5] * 3, "std": [0.5] * 3, "class_names": None}
     model = model.to(device)
-    size = hp["img_size"]
+    size = hp.img_size
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         paths = []

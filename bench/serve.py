@@ -36,7 +36,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vit.evaluation.unknown import features_of, rejection_record  # noqa: E402
+from vit.evaluation.image_features import features_of  # noqa: E402
+from vit.evaluation.unknown import rejection_record  # noqa: E402
 from vit.model.checkpoint import load_model  # noqa: E402
 from vit.model.config import ViTConfig  # noqa: E402
 from vit.model.vision_transformer import VisionTransformer  # noqa: E402
@@ -56,7 +57,7 @@ def random_checkpoint(name: str, folder: Path) -> Path:
     hp = {"arch": cfg.to_dict(), "class_names": [str(i) for i in range(10)], "mean": [0.5] * 3, "std": [0.25] * 3}
     x = torch.randn(256, 3, cfg.img_size, cfg.img_size)
     outputs = features_of(model, [(x, torch.arange(256) % 10)], torch.device("cpu"))
-    unknown = rejection_record(outputs, outputs, hp["class_names"])
+    unknown = rejection_record(outputs, outputs, hp.class_names)
     path = folder / f"{name}.ckpt"
     state = {f"model.{k}": v for k, v in model.state_dict().items()}
     torch.save({"state_dict": state, "hyper_parameters": hp, "unknown": unknown}, path)
@@ -177,7 +178,7 @@ def main(argv=None) -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     model, hp = load_model(ckpt)
-    x = torch.randn(args.max_batch_size, hp["in_chans"], hp["img_size"], hp["img_size"])
+    x = torch.randn(args.max_batch_size, hp.in_chans, hp.img_size, hp.img_size)
     proc = start(ckpt, port, ["--max-batch-size", str(args.max_batch_size), *args.server_args.split()])
     rounds = []  # per round: the bare images/s and one row per concurrency level
     try:

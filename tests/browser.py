@@ -3,8 +3,12 @@ JavaScript, wait for a condition, put a file in a file input, take a screenshot.
 driver binary and no browser download."""
 
 import base64
+import contextlib
 import json
+import os
+import re
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -108,3 +112,43 @@ class Browser:
         data = self.send("Page.captureScreenshot", format="png")["data"]
         Path(out).write_bytes(base64.b64decode(data))
         return Path(out)
+
+
+@contextlib.contextmanager
+def tensorboard(logdir: Path):
+    """TensorBoard serving `logdir` on a free port of 127.0.0.1 for the duration: its URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        for line in proc.stderr:  # "TensorBoard 2.x at http://127.0.0.1:PORT/ (Press CTRL+C to quit)"
+            if found := re.search(r"(http://127\.0\.0\.1:\d+)/", line):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("TensorBoard did not say where it serves")
+        else:
+            raise RuntimeError(f"TensorBoard exited ({proc.wait()}) before serving")
+        yield found.group(1)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+# TensorBoard's images dashboard, drawn: the attention/* tags on the page and the images loaded (their widths), null
+# until there is at least one of each. Its Polymer elements keep both inside shadow roots, walked here.
+TB_ATTENTION_IMAGES = """(() => {
+  const all = [], walk = root => root.querySelectorAll('*').forEach(e => { all.push(e); if (e.shadowRoot) walk(e.shadowRoot); });
+  walk(document);
+  const text = all.filter(e => e.children.length === 0).map(e => e.textContent).join(' ');
+  const tags = [...new Set(text.match(/attention\\/[\\w/]+/g) || [])];
+  const drawn = all.filter(e => e.tagName === 'IMG' && e.complete && e.naturalWidth > 0);
+  return tags.length && drawn.length ? {tags, drawn: drawn.length, widths: drawn.map(i => i.naturalWidth)} : null;
+})()"""

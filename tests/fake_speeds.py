@@ -1,6 +1,6 @@
 """Fake training speeds for planner tests: the planner's rules without timing this machine."""
 
-from vit.planning.plan import MODELS
+from vit.planning.rules import MODELS
 from vit.planning.speed import Machine
 
 CPU2 = Machine("cpu", 2)

@@ -244,8 +244,10 @@ def test_planning_computes_and_the_run_acts():
     assert bases == set()
 
 
-# The style guide's sizes: a module past ~450 lines holds two ideas, a function past ~80 lines does too.
-MODULE_LINES, FUNCTION_LINES = 460, 80
+# The style guide's sizes: a module past ~450 lines holds two ideas, a function past ~80 lines does too. A file is
+# split well before its cap (within 3% of it counts as at it), not squeezed under it.
+MODULE_CAP, FUNCTION_CAP = 460, 80
+MODULE_LINES, FUNCTION_LINES = int(MODULE_CAP * 0.97), int(FUNCTION_CAP * 0.97)
 
 
 def _too_long(root: Path) -> list[str]:

@@ -39,7 +39,7 @@ def test_smoke_fit_writes_a_checkpoint_that_loads_back(smoke_run):
     assert last.is_file() and list(ckpt_dir.glob("best-epoch*.ckpt"))
     assert list((in_tmp / "logs" / "smoke" / "version_0").glob("events.out.tfevents.*"))
     model, hparams = load_model(last)  # weights_only: plain data
-    assert hparams["class_names"] == [str(i) for i in range(10)] and hparams["img_size"] == 32
+    assert hparams.class_names == [str(i) for i in range(10)] and hparams.img_size == 32
     x = torch.randn(5, 3, 32, 32)
     trained = cli.model.model.eval()
     with torch.no_grad():

@@ -23,7 +23,7 @@ def heads_of(ckpt_path: str, files: list[str]) -> tuple[torch.Tensor, torch.Tens
     """The class head's and the distillation head's logits, (N, C) each."""
     model, hp = load_model(ckpt_path)
     model.eval()
-    loader = DataLoader(ImageFiles(files, hp["img_size"], hp.get("in_chans", 3)), batch_size=256, collate_fn=collate)
+    loader = DataLoader(ImageFiles(files, hp.img_size, hp.in_chans), batch_size=256, collate_fn=collate)
     mean, std = channel_stats(hp, torch.device("cpu"))
     pairs = [model.forward_heads(model.forward_features(normalize(x, mean, std))) for x, _, _ in loader]
     return torch.cat([c for c, _ in pairs]), torch.cat([d for _, d in pairs])

@@ -27,10 +27,10 @@ def both_logits(ckpt: str, teacher_file: str, files: list[str]) -> tuple[torch.T
     """The ViT's logits with its folded tau taken out again, and the teacher's, (N, C) each."""
     model, hp = load_model(ckpt)
     record = load_checkpoint(ckpt).get("logit_adjustment") or {"tau": 0.0}
-    teacher, _ = load_teacher(teacher_file, model.num_classes, hp.get("in_chans", 3))
+    teacher, _ = load_teacher(teacher_file, model.num_classes, hp.in_chans)
     model.eval(), teacher.eval()
     mean, std = channel_stats(hp, torch.device("cpu"))
-    loader = DataLoader(ImageFiles(files, hp["img_size"], hp.get("in_chans", 3)), batch_size=256, collate_fn=collate)
+    loader = DataLoader(ImageFiles(files, hp.img_size, hp.in_chans), batch_size=256, collate_fn=collate)
     vit, cnn = [], []
     for x, _, _ in loader:
         x = normalize(x, mean, std)

@@ -20,7 +20,7 @@ from vit.model.checkpoint import load_model  # noqa: E402
 
 def main(root: str, ckpt: str) -> None:
     model, hp = load_model(ckpt)
-    classes = hp["class_names"]
+    classes = hp.class_names
     files, targets = labelled_folder(Path(root, "train"), classes)
     scored = score(model, FileBatches(files, targets, hp, 256, None, torch.device("cpu")), torch.device("cpu"))
     probs, labels = scored.logits.softmax(-1), scored.targets

@@ -27,17 +27,17 @@ def main() -> None:
     ap.add_argument("images", nargs="+")
     args = ap.parse_args()
     model, hp = load_model(args.ckpt)
-    tf = eval_transform(hp["img_size"], hp["mean"], hp["std"])
-    x = torch.stack([tf(read_image(p))[: hp.get("in_chans", 3)] for p in args.images])
+    tf = eval_transform(hp.img_size, hp.mean, hp.std)
+    x = torch.stack([tf(read_image(p))[: hp.in_chans] for p in args.images])
     scores, classes = patch_scores(model, x)
     grid = model.grid_size
-    images = resize_tiles(denormalize(x, hp["mean"], hp["std"]), args.size)
+    images = resize_tiles(denormalize(x, hp.mean, hp.std), args.size)
     columns = [images] + [
         overlay_batch(images, scores[name].view(-1, *grid)) for name in ("relevance", "rollout", "last_block")
     ]
     tiles = torch.stack(columns, dim=1).flatten(0, 1)  # row per image: image, relevance, rollout, last block
     save_image(make_grid(tiles, nrow=len(columns), padding=2, pad_value=1.0), args.out)
-    names = hp.get("class_names") or [str(i) for i in range(model.num_classes)]
+    names = hp.class_names
     print(f"wrote {args.out}; predicted: {[names[c] for c in classes.tolist()]}")
 
 

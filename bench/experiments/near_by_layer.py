@@ -42,7 +42,7 @@ def main() -> None:
     a = ap.parse_args()
     ckpt = load_checkpoint(a.ckpt)
     model, hp = model_of(ckpt, a.ckpt)
-    classes = hp["class_names"]
+    classes = hp.class_names
     files, labels = zip(*training_data(a.ckpt, ckpt, hp).samples["train"])
     train, y = outputs_of(model, hp, list(files)), torch.tensor(labels)
     test = outputs_of(model, hp, labelled_folder(Path(a.test), classes)[0])

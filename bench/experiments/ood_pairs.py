@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from vit.commands.eval import main as eval_main
-from vit.commands.eval import training_data
 from vit.data.folder import ImageFolderDataModule
+from vit.deployment.labelled import training_data
 from vit.evaluation.after_fit import measure_after_fit, unknown_line
-from vit.model.checkpoint import load_checkpoint
+from vit.model.checkpoint import load_checkpoint, model_of
 
 
 def with_statistics(ckpt: Path, folder: Path, score: str | None = None) -> Path:
@@ -31,12 +31,12 @@ def with_statistics(ckpt: Path, folder: Path, score: str | None = None) -> Path:
     copy = folder / ckpt.name
     shutil.copy(ckpt, copy)
     raw = load_checkpoint(copy)
-    hp, record = raw["hyper_parameters"], raw["data"]
-    if record["class_path"].endswith("ImageFolderDataModule"):  # decoded into memory: the training features
-        args = {**record["init_args"], "in_memory": True, "mean": hp["mean"], "std": hp["std"]}
+    _, record = model_of(raw, copy)
+    if record.data["class_path"].endswith("ImageFolderDataModule"):  # decoded into memory: the training features
+        args = {**record.data["init_args"], "in_memory": True, "mean": list(record.mean), "std": list(record.std)}
         dm = ImageFolderDataModule(**args)
     else:
-        dm = training_data(str(copy), raw, hp)
+        dm = training_data(str(copy), record)
     dm.setup("fit")
     print(unknown_line(measure_after_fit([str(copy)], dm, torch.device("cpu"))[str(copy)]), file=sys.stderr)
     if score is not None:

@@ -33,11 +33,11 @@ from torch.utils.data import DataLoader
 from vit.data.images import expand_inputs
 from vit.deployment.labelled import labelled_folder, training_data
 from vit.deployment.predict import ImageFiles, channel_stats, collate, normalize
+from vit.evaluation.image_features import features_of
 from vit.evaluation.ood_metrics import auroc
 from vit.evaluation.unknown import (
     MIN_CLASS_IMAGES,
     class_thresholds,
-    features_of,
     fused_score,
     fusion_of,
     record_scores,
@@ -82,7 +82,7 @@ def synthetic(kind: str, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 def outputs_of(model, hparams: dict, files: list[str], kind: str | None = None) -> tuple:
     """Pooled features (N, L + 1, D), logits (N, C) and input statistics (N, 5) of image files, read as vit-predict
     reads them; `kind`: made into that synthetic outlier first."""
-    loader = DataLoader(ImageFiles(files, hparams["img_size"], hparams.get("in_chans", 3)), batch_size=256,
+    loader = DataLoader(ImageFiles(files, hparams.img_size, hparams.in_chans), batch_size=256,
                         num_workers=1, collate_fn=collate)  # fmt: skip
     mean, std = channel_stats(hparams, torch.device("cpu"))
     gen = torch.Generator().manual_seed(0)
@@ -102,7 +102,7 @@ def model_outputs(name: str, ckpt_path: str, folders: dict[str, str], limit: int
         ckpt_path = str(with_statistics(Path(ckpt_path), Path(tmp)))
         ckpt = load_checkpoint(ckpt_path)
     model, hparams = model_of(ckpt, ckpt_path)
-    classes = hparams["class_names"]
+    classes = hparams.class_names
     dm = training_data(ckpt_path, ckpt, hparams)
     files, targets = zip(*dm.samples["val"])
     out = {"val": (*outputs_of(model, hparams, list(files)), torch.tensor(targets))}
@@ -116,7 +116,7 @@ def model_outputs(name: str, ckpt_path: str, folders: dict[str, str], limit: int
         found = [found[i] for i in torch.randperm(len(found), generator=torch.Generator().manual_seed(0))[:limit]]
         out[kind] = outputs_of(model, hparams, found)
     print(f"{name}: {', '.join(f'{k} {len(v[1])}' for k, v in out.items())}", flush=True)
-    return {"outputs": out, "stats": hparams["unknown"]["stats"], "classes": classes}
+    return {"outputs": out, "stats": hparams.unknown["stats"], "classes": classes}
 
 
 def base_scores(entry: dict) -> dict[str, dict[str, torch.Tensor]]:

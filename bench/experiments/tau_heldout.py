@@ -33,7 +33,7 @@ def labelled_files(folder: str) -> tuple[list[str], torch.Tensor]:
 def logits_of(ckpt_path: str, files: list[str]) -> torch.Tensor:
     model, hp = load_model(ckpt_path)
     model.eval()
-    loader = DataLoader(ImageFiles(files, hp["img_size"], hp.get("in_chans", 3)), batch_size=256, collate_fn=collate)
+    loader = DataLoader(ImageFiles(files, hp.img_size, hp.in_chans), batch_size=256, collate_fn=collate)
     mean, std = channel_stats(hp, torch.device("cpu"))
     return torch.cat([model(normalize(x, mean, std)) for x, _, _ in loader])  # (N, C)
 

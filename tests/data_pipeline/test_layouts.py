@@ -11,8 +11,9 @@ from PIL import Image
 
 from vit.data.folder import ImageFolderDataModule
 from vit.data.images import load_image
-from vit.data.listing import class_quotas, list_data, split_validation
+from vit.data.listing import list_data
 from vit.data.transforms import DataError
+from vit.data.val_split import class_quotas, split_validation
 
 
 def _images(folder: Path, n: int, seed: int, size=(12, 12), prefix="") -> list[Path]:
@@ -306,7 +307,7 @@ def test_several_label_columns_are_a_distribution_or_flags_per_class(tmp_path):
     ids=["probability", "distribution", "flags", "list"],
 )
 def test_split_csv_reads_back_as_the_same_split_and_targets(tmp_path, header, values, read):
-    from vit.data.listing import write_split
+    from vit.data.val_split import write_split
 
     files = _images(tmp_path, 6, 0)
     cells = [v if isinstance(v, (str, float)) else ",".join(map(str, v)) for v in values]

@@ -98,7 +98,7 @@ def test_a_5_band_tiff_folder_trains_predicts_and_exports_a_5_channel_model(in_t
     assert cli.datamodule.in_chans == 5 and cli.datamodule.wide
     ckpt = cli.trainer.checkpoint_callback.best_model_path
     model, hp = load_model(ckpt)
-    assert hp["in_chans"] == 5 and len(hp["mean"]) == 5 and model.patch_embed.proj.in_channels == 5
+    assert hp.in_chans == 5 and len(hp.mean) == 5 and model.patch_embed.proj.in_channels == 5
     capsys.readouterr()
     Image.new("RGB", (16, 16)).save(in_tmp / "photo.png")
     tiffs = [str(in_tmp / "bands" / c / f"{i}.tif") for c in ("dark", "bright") for i in (0, 1)]

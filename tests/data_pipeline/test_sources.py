@@ -101,7 +101,7 @@ def test_bare_train_py_with_a_budget_plans_cifar10_ends_in_time_and_saves_plan_y
     384x7 for 200 epochs); plan.yaml repeats it; the run ends within the budget + 5%."""
     md5, _ = write_cifar(in_tmp / "data", n_train=200, n_test=40)
     trust_cifar_checksums(monkeypatch, "cifar10", md5)
-    monkeypatch.setattr("vit.planning.plan.TIERS", SHORT_TIER)
+    monkeypatch.setattr("vit.planning.rules.TIERS", SHORT_TIER)
     start = time.time()
     monkeypatch.setattr("vit.run.planned.process_start", lambda: start)  # the budget counts from this test's start
     cli = train.main(["--budget", "3min", *QUIET])
@@ -119,7 +119,7 @@ def test_bare_train_py_with_a_budget_plans_cifar10_ends_in_time_and_saves_plan_y
 
 def test_torch_mnist_with_a_budget_trains_the_plan_on_one_channel_and_your_flags_win(in_tmp, monkeypatch):
     write_mnist(in_tmp / "data", n_train=64, n_test=16)
-    monkeypatch.setattr("vit.planning.plan.TIERS", SHORT_TIER)
+    monkeypatch.setattr("vit.planning.rules.TIERS", SHORT_TIER)
     monkeypatch.setattr("vit.run.planned.process_start", time.time)
     cli = train.main(["--config", "configs/mnist.yaml", "--data.init_args.download", "false", "--budget", "2min",
                       "--model.lr", "0.003", *QUIET])  # fmt: skip

@@ -138,7 +138,7 @@ def test_preprocessing_comes_from_the_checkpoint(ckpt, tmp_path, capsys):
         files.append(tmp_path / f"{i}.png")
     code, out, _ = _run(capsys, "--ckpt", ckpt, "--format", "json", "--topk", "10", *files)
     with torch.no_grad():  # the served probabilities: calibrated by the temperature fitted after training
-        expect = (model(torch.stack([dm.val_set[i][0] for i in range(4)])) / hparams["temperature"]).softmax(-1)
+        expect = (model(torch.stack([dm.val_set[i][0] for i in range(4)])) / hparams.temperature).softmax(-1)
     for i, rec in enumerate(json.loads(out)):
         got = {p["label"]: p["prob"] for p in rec["predictions"]}
         np.testing.assert_allclose([got[str(c)] for c in range(10)], expect[i].numpy(), atol=1e-5)
@@ -302,7 +302,7 @@ def test_probabilities_are_calibrated_by_the_checkpoints_temperature_unless_raw(
 
 def test_an_older_checkpoint_without_a_temperature_serves_the_raw_softmax(ckpt, images, tmp_path, capsys):
     old = _with_temperature(ckpt, tmp_path / "old.ckpt", None)
-    assert load_model(old)[1]["temperature"] == 1.0
+    assert load_model(old)[1].temperature == 1.0
     files = [str(p) for p in sorted((images / "good").glob("*.png"))]
     _, calibrated, _ = _run(capsys, "--ckpt", old, "--format", "json", *files)
     _, raw, _ = _run(capsys, "--ckpt", old, "--format", "json", "--raw-probs", *files)
@@ -317,7 +317,7 @@ def test_a_fit_stores_a_temperature_in_its_checkpoints_and_logs_the_evaluation(s
         report = torch.load(path, weights_only=True)["calibration"]
         assert report["temperature"] > 0 and report["ece"] <= report["ece_uncalibrated"] + 1e-6
         assert report["nll"] <= report["nll_uncalibrated"] + 1e-6  # fitted on these very logits
-        assert load_model(path)[1]["temperature"] == report["temperature"]
+        assert load_model(path)[1].temperature == report["temperature"]
     ea = EventAccumulator(
         str(smoke_run.root / "logs" / "smoke" / "version_0"), size_guidance={"images": 0, "scalars": 0}
     )

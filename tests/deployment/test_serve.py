@@ -211,7 +211,7 @@ def test_raw_1_serves_the_softmax_without_the_calibration_temperature(server, sm
     _, calibrated = upload(server, images[0].read_bytes(), "topk=10")
     assert calibrated["predictions"][0]["prob"] != pytest.approx(raw[0]["prob"], abs=1e-4)  # T was fitted != 1
     info = request(f"{server}/info")[1]["model"]
-    assert info["temperature"] != 1.0 and info["unknown"]["score"] == load_model(smoke_ckpt)[1]["unknown"]["score"]
+    assert info["temperature"] != 1.0 and info["unknown"]["score"] == load_model(smoke_ckpt)[1].unknown["score"]
 
 
 def test_relevance_map_comes_as_a_png_overlay_of_the_predicted_class(server, images):
@@ -492,7 +492,7 @@ def test_an_int8_onnx_export_serves_vit_predicts_answers_without_maps(smoke_onnx
     finally:
         torch.set_num_threads(before)
     assert api.onnx and api.model.session.get_session_options().intra_op_num_threads == api.threads
-    side, chans = api.hparams["img_size"], api.hparams.get("in_chans", 3)
+    side, chans = api.record.img_size, api.record.in_chans
     items = [(decode_upload(p.read_bytes(), side, chans, 10**6), 3, "relevance", False) for p in images[:4]]
     for answer, rec, path in zip(api.predict(items), expected, images[:4]):
         assert [p["label"] for p in answer["predictions"]] == [p["label"] for p in rec["predictions"]], path

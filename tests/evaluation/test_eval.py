@@ -59,7 +59,7 @@ def test_every_output_is_written_and_metrics_json_has_every_field(report, smoke_
     assert sum(map(sum, m["confusion_matrix"])) == 80 and len(m["confusion_matrix"]) == 10
     assert [r["support"] for r in m["per_class"]] == [8] * 10
     assert set(m["per_class"][0]) == {"class", "precision", "recall", "f1", "support"}
-    assert m["temperature"] == load_model(smoke_ckpt)[1]["temperature"] != 1.0
+    assert m["temperature"] == load_model(smoke_ckpt)[1].temperature != 1.0
     assert 0 <= m["top1"] <= m["top5"] <= 1
     header = (report / "per_class.csv").read_text().splitlines()[0]
     assert header == "class,precision,recall,f1,support"
@@ -93,10 +93,10 @@ def test_the_numbers_are_those_of_the_logits(smoke_ckpt, labelled, report):
     model, hp = load_model(smoke_ckpt)
     paths, rows = read_predictions(report / "predictions.csv", [str(i) for i in range(10)])
     x = torch.stack([torch.from_numpy(np.array(Image.open(p).convert("RGB"))).permute(2, 0, 1) for p in paths])
-    mean, std = torch.tensor(hp["mean"])[:, None, None], torch.tensor(hp["std"])[:, None, None]
+    mean, std = torch.tensor(hp.mean)[:, None, None], torch.tensor(hp.std)[:, None, None]
     with torch.no_grad():
         logits = model((x.float() / 255 - mean) / std)
-    t = hp["temperature"]
+    t = hp.temperature
     m = json.loads((report / "metrics.json").read_text())
     assert m["top1"] == pytest.approx((logits.argmax(-1) == rows["true"]).float().mean().item())
     ece = multiclass_calibration_error((logits / t).softmax(-1), rows["true"], 10, n_bins=15).item()

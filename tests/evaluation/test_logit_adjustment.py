@@ -66,12 +66,12 @@ def test_the_adjustment_is_folded_into_the_head_bias_of_the_file(smoke_ckpt, tmp
     path = tmp_path / "adjusted.ckpt"
     shutil.copy(smoke_ckpt, path)
     model, hp = load_model(path)
-    dm = DigitsDataModule(img_size=hp["img_size"])
+    dm = DigitsDataModule(img_size=hp.img_size)
     x, y = dm.memory["val"]
     counts = [1000, 500, 250, 120, 60, 30, 15, 8, 4, 2]
     batches = [
         (
-            (x[:200].float() / 255 - torch.tensor(hp["mean"])[:, None, None]) / torch.tensor(hp["std"])[:, None, None],
+            (x[:200].float() / 255 - torch.tensor(hp.mean)[:, None, None]) / torch.tensor(hp.std)[:, None, None],
             y[:200],
         )
     ]

@@ -3,6 +3,7 @@ label are chosen on validation after fit, and every output (predict's table/JSON
 the server's worker) gives every label above its threshold."""
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,7 +14,8 @@ import torch
 from PIL import Image
 
 from vit.data.folder import ImageFolderDataModule
-from vit.data.listing import list_data, split_validation
+from vit.data.listing import list_data
+from vit.data.val_split import split_validation
 from vit.evaluation.multilabel import label_thresholds, majority_baseline, multilabel_scores
 from vit.training.multilabel import multilabel_loss
 
@@ -141,7 +143,7 @@ def test_fit_chooses_by_map_stores_thresholds_and_scores_the_test_split(multilab
     ckpt = load_checkpoint(run.ckpt)
     assert len(ckpt["multilabel"]["thresholds"]) == 3 and "calibration" not in ckpt and "unknown" not in ckpt
     _, hparams = load_model(run.ckpt)
-    assert hparams["task"] == "multilabel" and hparams["thresholds"] == ckpt["multilabel"]["thresholds"]
+    assert hparams.task == "multilabel" and hparams.thresholds == ckpt["multilabel"]["thresholds"]
     logs = run.root / "logs" / "folder" / "version_0"
     metrics = json.loads((logs / "test_metrics.json").read_text())
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -157,8 +159,9 @@ def test_predict_gives_every_label_above_its_threshold_in_each_format(multilabel
 
     run = multilabel_run
     model, hparams = load_model(run.ckpt)
-    assert hparams["class_names"] == ["car", "cat", "dog"]
-    hparams["thresholds"] = [0.5, 0.0, 1.0]  # car by its probability, cat always, dog never (1.0: p < 1 in float)
+    assert hparams.class_names == ["car", "cat", "dog"]
+    # car by its probability, cat always, dog never (1.0: p < 1 in float)
+    hparams = dataclasses.replace(hparams, thresholds=[0.5, 0.0, 1.0])
     monkeypatch.setattr("vit.commands.predict.load_model_or_report", lambda path: (model, hparams))
     files = [str(run.root / "pics" / f"{i}.png") for i in range(3)]
     assert main(["--ckpt", str(run.ckpt), "--format", "json", "--topk", "3", *files]) == 0

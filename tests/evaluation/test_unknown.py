@@ -18,6 +18,7 @@ from vit.commands.eval import main as eval_main
 from vit.commands.export import main as export_main
 from vit.commands.predict import main as predict_main
 from vit.evaluation import unknown
+from vit.evaluation.image_features import pooled_features
 from vit.evaluation.ood_metrics import auroc, fpr_at_tpr
 from vit.evaluation.unknown import (
     ACCEPT,
@@ -30,7 +31,6 @@ from vit.evaluation.unknown import (
     block_scale,
     class_thresholds,
     feature_stats,
-    pooled_features,
     reject_threshold,
     rejection_record,
     thresholds_of,
@@ -239,7 +239,8 @@ def test_the_input_statistics_tell_blurred_low_resolution_constant_and_noised_im
     of new ones each score below the new originals; the fused score is the sum of its standardised parts."""
     import torchvision.transforms.v2.functional as TF
 
-    from vit.evaluation.unknown import fusion_of, input_statistics, record_scores
+    from vit.evaluation.image_features import input_statistics
+    from vit.evaluation.unknown import fusion_of, record_scores
 
     g = torch.Generator().manual_seed(0)
 
@@ -293,7 +294,7 @@ def _noise_folder(folder, n=24, size=32):
 
 def test_fit_stores_a_threshold_that_accepts_95_percent_of_validation(smoke_run, smoke_ckpt, tmp_path, capsys):
     model, hp = load_model(smoke_ckpt)
-    record = hp["unknown"]
+    record = hp.unknown
     assert record["score"] == DEFAULT_SCORE and record["accept"] == ACCEPT
     assert set(record["thresholds"]) == {*SCORES, DEFAULT_SCORE}  # every candidate, for vit-eval --ood to compare
     parts = DEFAULT_SCORE.split("+")  # a fused default: each part standardised on the validation images
@@ -309,14 +310,14 @@ def test_fit_stores_a_threshold_that_accepts_95_percent_of_validation(smoke_run,
     # counted in each predicted class with its own threshold, and among the rest with the shared one
     with open(tmp_path / "ev" / "predictions.csv") as f:
         predicted = [r["pred"] for r in csv.DictReader(f)]
-    own = {hp["class_names"][c] for c, t in enumerate(record["class_thresholds"]) if t is not None}
+    own = {hp.class_names[c] for c, t in enumerate(record["class_thresholds"]) if t is not None}
     groups = [predicted.count(c) for c in own] + [sum(p not in own for p in predicted)]
     want = sum(max(0, math.floor((1 - ACCEPT) * (n + 1)) - 1) for n in groups if n)
     assert own and rejected * metrics["n"] == pytest.approx(want) and rejected <= 1 - ACCEPT, (rejected, groups)
     assert len(metrics["unknown"]["rejected_per_class"]) == 10
     # per-class thresholds: one entry per class, those with too few validation images sharing (and listed)
     assert len(record["class_thresholds"]) == 10
-    names = hp["class_names"]
+    names = hp.class_names
     shared = [names[c] for c, t in enumerate(record["class_thresholds"]) if t is None]
     assert record["shared_threshold_classes"] == shared
     page = (tmp_path / "ev" / "index.html").read_text()
@@ -348,9 +349,9 @@ def test_the_onnx_statistics_are_float32_beside_the_model_and_an_older_json_side
     del legacy["stats_file"]
     Path(f"{old}.json").write_text(json.dumps({**meta, "unknown": legacy}))
     _, got = load_onnx(old)
-    assert set(got["unknown"]["stats"]) == set(new["unknown"]["stats"])
-    for k, t in new["unknown"]["stats"].items():
-        torch.testing.assert_close(got["unknown"]["stats"][k], t)
+    assert set(got.unknown["stats"]) == set(new.unknown["stats"])
+    for k, t in new.unknown["stats"].items():
+        torch.testing.assert_close(got.unknown["stats"][k], t)
     moved = tmp_path / "moved.onnx"  # the model and its JSON without the statistics file
     shutil.copy(smoke_onnx, moved)
     shutil.copy(f"{smoke_onnx}.json", f"{moved}.json")
@@ -366,7 +367,7 @@ def test_predict_and_the_onnx_export_say_unknown_alike(smoke_ckpt, smoke_onnx, t
     torch_answers = [r["unknown"] for r in json.loads(capsys.readouterr().out)]
     assert all(isinstance(u, bool) for u in torch_answers)
     _, hp = load_model(smoke_ckpt)
-    record = hp["unknown"]
+    record = hp.unknown
     sidecar = json.loads(Path(f"{smoke_onnx}.json").read_text())["unknown"]  # vit-export's (the session's)
     assert sidecar["score"] == record["score"] and sidecar["threshold"] == record["threshold"]
     assert "stats" not in sidecar and sidecar["stats_file"] == f"{Path(smoke_onnx).name}.unknown.safetensors"
@@ -518,7 +519,7 @@ def test_an_export_and_a_record_from_before_the_blocks_still_say_unknown_alike(
 
     import vit.deployment.export as export_module
     from vit.deployment.labelled import FileBatches
-    from vit.evaluation.unknown import features_of
+    from vit.evaluation.image_features import features_of
 
     def head_features(model, x):  # what pooled_features returned before the blocks
         feats = model.forward_head(model.forward_features(x), pre_logits=True)

@@ -14,7 +14,7 @@ import train
 from vit.model.config import ViTConfig
 from vit.planning.fine_tune_plan import FT_LAYER_DECAY, FT_LR_PER_256, FT_MIN_EPOCHS, make_fine_tune_plan
 from vit.planning.fingerprint import Fingerprint
-from vit.planning.plan import LR, PHOTO_LR
+from vit.planning.rules import LR, PHOTO_LR
 
 # A ViT-S/16 at 224 px, as the weights would say it (the config after vit/run/weights.py).
 VIT_S = ViTConfig(img_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6, global_pool="token").to_dict()

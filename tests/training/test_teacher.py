@@ -139,7 +139,7 @@ def test_a_distilled_fit_saves_both_heads_and_the_post_hoc_tau_moves_their_mean(
     sd = torch.load(path, weights_only=True)["state_dict"]
     assert sd["model.dist_token"].shape == (1, 1, 32) and "model.head_dist.weight" in sd
     model, hp = load_model(path)
-    x = (DigitsDataModule(img_size=hp["img_size"]).memory["val"][0][:50].float() / 255 - 0.5) / 0.5
+    x = (DigitsDataModule(img_size=hp.img_size).memory["val"][0][:50].float() / 255 - 0.5) / 0.5
     counts = [100, 50, 25, 12, 6, 3, 2, 1, 1, 1]
     monkeypatch.setattr(logit_adjustment, "choose_tau", lambda *a: {"tau": 1.0})
     batches = [(x, torch.zeros(50, dtype=torch.long))]

@@ -69,22 +69,22 @@ def maps_main(argv: list[str]) -> int:
     loaded = load_model_or_report(args.ckpt)
     if loaded is None:
         return 2
-    model, hp = loaded
+    model, record = loaded
     model = model.to(device).eval()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tf = eval_transform(hp["img_size"], hp["mean"], hp["std"])
-    size = args.size or display_side(hp["img_size"])
-    names = hp.get("class_names") or [str(i) for i in range(model.num_classes)]
+    tf = eval_transform(record.img_size, record.mean, record.std)
+    size = args.size or display_side(record.img_size)
+    names = record.class_names
     done, used = 0, set()
-    for i, (path, x) in enumerate(read_or_report(args.images, tf, hp["in_chans"])):
+    for i, (path, x) in enumerate(read_or_report(args.images, tf, record.in_chans)):
         x = x[None].to(device)
-        panels = attention_panels(model, x, hp["mean"], hp["std"], display_size=size)
+        panels = attention_panels(model, x, record.mean, record.std, display_size=size)
         picture = panels["rollout"]  # the image above its rollout overlay
         if args.attention_map == "relevance":  # ... or above where the evidence for the predicted class is
-            picture = overlay_grid(x, relevance(model, x)[0], hp["mean"], hp["std"], size)
+            picture = overlay_grid(x, relevance(model, x)[0], record.mean, record.std, size)
         # the calibrated probability, as vit-predict, vit-eval and vit-serve print it
-        prob, idx = probabilities(panels["logits"], hp.get("temperature", 1.0))[0].max(-1)
+        prob, idx = probabilities(panels["logits"], record.temperature)[0].max(-1)
         # <stem>_...; a stem met before (a/x.png, b/x.png) takes its position first, as vit-predict's maps do
         stem = Path(path).stem if Path(path).stem not in used else f"{i:05d}_{Path(path).stem}"
         used.add(stem)
@@ -103,13 +103,13 @@ def faithfulness_main(argv: list[str]) -> int:
     loaded = load_model_or_report(args.ckpt)
     if loaded is None:
         return 2
-    model, hp = loaded
+    model, record = loaded
     paths = expand_inputs([args.folder])[: args.limit]
     if not paths or not Path(args.folder).exists():
         print(f"error: {args.folder}: no images", file=sys.stderr)
         return 2
-    tf = eval_transform(hp["img_size"], hp["mean"], hp["std"])
-    images = [x for _, x in read_or_report(paths, tf, hp["in_chans"])]
+    tf = eval_transform(record.img_size, record.mean, record.std)
+    images = [x for _, x in read_or_report(paths, tf, record.in_chans)]
     result = faithfulness(model, torch.stack(images))
     if args.format == "json":
         print(json.dumps(result, indent=2))

@@ -49,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_model_or_report(args.ckpt)
     if loaded is None:
         return 2
-    model, hp = loaded
+    model, record = loaded
     if args.format == "timm":
         try:
-            out = export_timm(model, hp, args.out)
+            out = export_timm(model, record, args.out)
         except InteropError as e:
             print(f"error: {args.ckpt}: {e}", file=sys.stderr)
             return 2
@@ -60,11 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quantize:
         with tempfile.TemporaryDirectory() as tmp:
-            fp32 = export(model, "onnx", Path(tmp, "fp32.onnx"), hp["img_size"], hp["in_chans"], args.opset)
+            fp32 = export(model, "onnx", Path(tmp, "fp32.onnx"), record.img_size, record.in_chans, args.opset)
             out = quantize_int8(fp32, args.out)
     else:
-        out = export(model, args.format, args.out, hp["img_size"], hp["in_chans"], args.opset)
-    written = write_sidecar(out, hp, quantized=args.quantize)
+        out = export(model, args.format, args.out, record.img_size, record.in_chans, args.opset)
+    written = write_sidecar(out, record, quantized=args.quantize)
     print(f"wrote {out}, " + " and ".join(map(str, written)))
     return 0
 

@@ -96,7 +96,7 @@ def build_server(args: argparse.Namespace):
 
     source = args.onnx or args.ckpt
     # refuses a pickle-carrying or broken checkpoint (an ONNX file without its sidecar) before anything starts
-    model, hparams = load_onnx(args.onnx) if args.onnx else load_model(args.ckpt)
+    model, record = load_onnx(args.onnx) if args.onnx else load_model(args.ckpt)
     device = "cpu" if args.onnx else pick_device(args.device).type
     workers, threads = worker_layout(device, args.workers, torch.get_num_threads())
     if device == "cpu":
@@ -114,8 +114,8 @@ def build_server(args: argparse.Namespace):
     )
     checks = dict(
         path="/predict",
-        img_size=hparams["img_size"],
-        in_chans=hparams.get("in_chans", 3),
+        img_size=record.img_size,
+        in_chans=record.in_chans,
         num_classes=model.num_classes,
         max_bytes=int(args.max_body_mb * 2**20),
         max_pixels=args.max_pixels,
@@ -125,7 +125,7 @@ def build_server(args: argparse.Namespace):
         accelerator=device,
         devices=1,
         workers_per_device=workers,
-        model_metadata=server_info(source, hparams),
+        model_metadata=server_info(source, record),
         middlewares=[
             (LeaveTerminalGroup, {"launcher": os.getpid()}),
             (ImageRequests, checks),

@@ -27,7 +27,7 @@ from vit.commands.command_line import UsageError, moved_field_hint, normalize_ar
 from vit.data.base import ImageClassificationData
 from vit.data.transforms import DataError
 from vit.evaluation.map_callback import AttentionMapCallback
-from vit.model.checkpoint import CheckpointError, load_checkpoint
+from vit.model.checkpoint import CheckpointError
 from vit.run import steps as fit_steps
 from vit.run.planned import add_plan_arguments
 from vit.run.trainer import ViTTrainer
@@ -55,16 +55,16 @@ class ViTCLI(LightningCLI):
         for field, target in LINKED.items():
             parser.link_arguments(f"data.{field}", target, apply_on="instantiate")
 
-    def _parse_ckpt_path(self) -> None:
-        # LightningCLI reads the checkpoint's hyper-parameters before anything else: check the file first, so that a
-        # missing, truncated or pickle-carrying checkpoint is one line (it is loaded with weights_only=True).
-        ckpt = self.config.get("subcommand") and self.config[self.config.subcommand].get("ckpt_path")
-        if ckpt and ckpt != "last":
-            try:
-                load_checkpoint(ckpt)
-            except CheckpointError as e:
-                raise UsageError(f"error: {e}") from None
-        super()._parse_ckpt_path()
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        sub = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+        try:  # before LightningCLI reads the checkpoint's hyper-parameters: a bad file is one line
+            fit_steps.check_ckpt_path(sub.get("ckpt_path"))
+        except CheckpointError as e:
+            raise UsageError(f"error: {e}") from None
+        # Seeded in before_instantiate_classes, as LightningCLI would, and said after the data is built (a missing
+        # dataset is the first line printed): Lightning's own seeding, which says it at once, is handed False.
+        self._seed, sub["seed_everything"] = sub.get("seed_everything"), False
 
     def __init__(self, *args, args_list: Sequence[str] = (), **kwargs):
         self._argv, self._plan, self._said = list(args_list), None, None
@@ -80,16 +80,13 @@ class ViTCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         sub = self.config[self.subcommand] if self.subcommand else self.config
+        if self._seed is not False:  # the seed goes back into the config the run saves (config.yaml, plan.yaml)
+            self._seed = seed_everything(None if self._seed is True else self._seed, workers=True, verbose=False)
+        sub["seed_everything"] = self._seed
         try:  # memory share, pretrained weights, the plan (before anything is built), precision
             self._plan, self._said = fit_steps.before_build(sub, self.subcommand, self._argv)
         except ValueError as e:
             raise UsageError(f"error: {e}") from None
-
-    def _set_seed(self) -> None:
-        # Seeded as LightningCLI does, but said after the data is built: a missing dataset is the first line printed.
-        self._seed_key = f"{self.subcommand}.seed_everything" if self.subcommand else "seed_everything"
-        if (seed := self.config.get(self._seed_key)) is not False:
-            self.config[self._seed_key] = seed_everything(None if seed is True else seed, workers=True, verbose=False)
 
     def instantiate_classes(self) -> None:
         try:
@@ -99,11 +96,14 @@ class ViTCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs):
         fit_steps.say_precision(self._said)  # after the data is built: a missing dataset is the first line printed
-        if (seed := self.config.get(self._seed_key)) is not False:
-            rank_zero_info(f"Seed set to {seed}")
+        if self._seed is not False:
+            rank_zero_info(f"Seed set to {self._seed}")
         return super().instantiate_trainer(plugins=[AtomicCheckpointIO()], **kwargs)
 
     def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
+        # Private: LightningCLI has no public hook between the callbacks' instantiation and the Trainer's, and the
+        # Trainer refuses a ModelCheckpoint beside enable_checkpointing=False. tests/test_commands.py
+        # test_the_private_lightning_api_we_override_is_still_there fails when Lightning changes it.
         keep, no_logger = callbacks_to_keep(config, callbacks, needs_logger=(AttentionMapCallback,))
         if no_logger:  # the saved config.yaml would land in the working folder
             self.save_config_callback = None

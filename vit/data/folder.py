@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from vit.data.base import ImageClassificationData, TensorImageDataset, channel_mean_std, given_mean_std, rounded
 from vit.data.images import describe, image_at, load_image, read_image, same_dtype
-from vit.data.listing import list_data, split_validation
+from vit.data.listing import list_data
 from vit.data.transforms import (
     AutoAugment,
     DataError,
@@ -22,6 +22,7 @@ from vit.data.transforms import (
     to_normalized,
     train_transform,
 )
+from vit.data.val_split import split_validation
 
 log = logging.getLogger(__name__)
 
@@ -200,15 +201,19 @@ class ImageFolderDataModule(ImageClassificationData):
         self.num_classes, self.img_size, self.in_chans = len(self.class_names), img_size, in_chans
         self.val_fraction, self.split_seed = val_fraction, split_seed
         self._decide_and_decode(in_memory, max_memory_gb)
-        if self.wide and auto_augment != "none":  # its colour operations are tables over the 256 values of 8 bits
-            log.warning(f"auto_augment={auto_augment} is off: {self.root} holds pixels of more than 8 bits or 3 bands")
-            auto_augment = "none"
         if mean is None or std is None:
             measured = self._measure_mean_std()
             mean, std = mean or measured[0], std or measured[1]
         self.mean, self.std = given_mean_std(mean, std, self.in_chans, own=None)  # one value or three
+        self._set_augmentation(hflip, auto_augment, random_erasing, crop_scale, rot90)
+
+    def _set_augmentation(self, hflip: bool, auto_augment: str, random_erasing: float, crop_scale, rot90: bool) -> None:
+        """The streaming path's per-image transforms and the in-memory path's batched ones: the same operations."""
+        if self.wide and auto_augment != "none":  # its colour operations are tables over the 256 values of 8 bits
+            log.warning(f"auto_augment={auto_augment} is off: {self.root} holds pixels of more than 8 bits or 3 bands")
+            auto_augment = "none"
         self.train_tf = train_transform(
-            img_size,
+            self.img_size,
             self.mean,
             self.std,
             hflip=hflip,
@@ -218,7 +223,7 @@ class ImageFolderDataModule(ImageClassificationData):
             crop_scale=crop_scale,
             rot90=rot90,
         )
-        self.eval_tf = eval_transform(img_size, self.mean, self.std)
+        self.eval_tf = eval_transform(self.img_size, self.mean, self.std)
         # the in-memory path's augmentation: the same operations, drawn per image, on the whole batch
         self.rrc_scale, self.hflip, self.rot90, self.erasing = tuple(crop_scale), hflip, rot90, random_erasing
         self.auto_augment = batch_policy(auto_augment, "imagenet")

@@ -21,8 +21,9 @@ import torch
 
 from vit.data.base import ImageClassificationData, channel_mean_std, rounded
 from vit.data.images import eval_geometry, load_image, same_dtype
-from vit.data.listing import list_folder, split_validation
+from vit.data.listing import list_folder
 from vit.data.transforms import check_crop_scale, eval_transform, train_transform
+from vit.data.val_split import split_validation
 
 META = "vit_meta.json"  # class names and the training images' mean/std, written beside the chunks
 

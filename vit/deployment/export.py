@@ -2,9 +2,9 @@
 
     export(model, "onnx", "vit.onnx", img_size=32)     # the graph: (B, C, S, S) float32 -> logits, pooled features
     quantize_int8("vit.onnx", "vit-int8.onnx")         # its matrix products in int8, for CPUs
-    write_sidecar("vit.onnx", hparams)                 # vit.onnx.json: img_size, mean, std, class_names, the
+    write_sidecar("vit.onnx", record)                  # vit.onnx.json: img_size, mean, std, class_names, the
                                                        # preprocessing steps; vit.onnx.unknown.safetensors: rejection
-    export_timm(model, hparams, "vit_timm/")          # model.safetensors + config.json, timm's Hugging Face layout
+    export_timm(model, record, "vit_timm/")           # model.safetensors + config.json, timm's Hugging Face layout
 
 The command is vit/commands/export.py (`vit-export`).
 """
@@ -16,8 +16,10 @@ import torch
 from safetensors.torch import save_file
 
 from vit.data.images import preprocess_spec
-from vit.evaluation.unknown import pooled_features
+from vit.evaluation.image_features import pooled_features
+from vit.evaluation.unknown import score_statistics
 from vit.model.interop import timm_args, to_timm
+from vit.model.record import CheckpointRecord
 
 
 class LogitsAndFeatures(torch.nn.Module):
@@ -80,82 +82,47 @@ def quantize_int8(fp32: str | Path, out: str | Path) -> Path:
     return out
 
 
-def sidecar(hparams: dict, stats_file: str | None = None) -> dict:
+def sidecar(record: CheckpointRecord, stats_file: str | None = None) -> dict:
     """What `<out>.json` holds beside an exported model: the input's name and shape, the preprocessing facts under the
     names the README uses (img_size, in_chans, mean, std, class_names), and every step from an image file to the
     input tensor (vit.data.images.preprocess_spec), so that a runtime without this toolkit gives vit-predict's
     answers."""
-    img_size, in_chans = hparams["img_size"], hparams.get("in_chans", 3)
+    img_size, in_chans = record.img_size, record.in_chans
     return {
         "input": "images",
         "output": "logits",
         "shape": ["B", in_chans, img_size, img_size],
         "img_size": img_size,
         "in_chans": in_chans,
-        "mean": list(hparams["mean"]),
-        "std": list(hparams["std"]),
-        "class_names": hparams.get("class_names"),
-        "preprocess": preprocess_spec(img_size, in_chans, hparams["mean"], hparams["std"]),
+        "mean": list(record.mean),
+        "std": list(record.std),
+        "class_names": list(record.class_names),
+        "preprocess": preprocess_spec(img_size, in_chans, list(record.mean), list(record.std)),
         # calibrated probabilities, as vit-predict serves them: softmax(logits / temperature) (1.0: not calibrated)
-        "temperature": hparams.get("temperature", 1.0),
+        "temperature": record.temperature,
         # rejection: the score (of `logits` and `features`), its threshold; its statistics in `stats_file`; null: none
-        "unknown": unknown_sidecar(hparams.get("unknown"), stats_file),
+        "unknown": {**record.rejection(), "stats_file": stats_file} if record.unknown is not None else None,
         # "multilabel": `logits` are one sigmoid per label, each label given at or above its threshold (a list)
-        "task": hparams.get("task") or "multiclass",
-        "thresholds": hparams.get("thresholds"),
+        "task": record.task,
+        "thresholds": record.thresholds,
     }
 
 
-def unknown_stats(record: dict | None) -> dict[str, torch.Tensor]:
-    """The statistics the rejection record's score needs (float32 tensors), for `<out>.unknown.safetensors`; the rest
-    of the record goes to the JSON sidecar. A class-covariance score's are ~15 MB as JSON text, ~4 MB as float32."""
-    if record is None:
-        return {}
-    needs = {
-        "mahalanobis": ("means", "precision"),
-        "knn": ("bank",),
-        "relative_mahalanobis": ("means", "precision", "background_mean", "background_precision"),
-        "normalized_mahalanobis": ("normalized_means", "normalized_precision"),
-        "block_mahalanobis": ("block_means", "block_precision", "block_center", "block_spread"),
-        "input": ("input_mean", "input_precision"),
-        **dict.fromkeys(
-            ("qda", "block_qda"),
-            ("means", "block_means", "class_precision", "class_logdet", "qda_center", "qda_spread"),
-        ),
-    }
-    keys = [k for part in record["score"].split("+") for k in needs.get(part, ()) if k in record["stats"]]
-    return {k: record["stats"][k].float().contiguous() for k in keys}
-
-
-def unknown_sidecar(record: dict | None, stats_file: str | None) -> dict | None:
-    """A checkpoint's rejection record for the JSON sidecar: the score, its threshold and fusion, and the name of the
-    safetensors file beside it that holds the statistics (None: the score needs none)."""
-    if record is None:
-        return None
-    return {
-        "score": record["score"],
-        "threshold": record["threshold"],
-        "stats_file": stats_file,
-        "fusion": record.get("fusion"),
-        "class_thresholds": record.get("class_thresholds"),
-    }
-
-
-def write_sidecar(out: str | Path, hparams: dict, **extra) -> list[Path]:
-    """`<out>.json` (sidecar(hparams) and `extra`) and, when the rejection record has statistics,
+def write_sidecar(out: str | Path, record: CheckpointRecord, **extra) -> list[Path]:
+    """`<out>.json` (sidecar(record) and `extra`) and, when the rejection record has statistics,
     `<out>.unknown.safetensors` beside it: the files written."""
     out = Path(out)
-    stats = unknown_stats(hparams.get("unknown"))
+    stats = score_statistics(record.unknown)
     written = []
     if stats:
         written.append(out.with_name(f"{out.name}.unknown.safetensors"))
         save_file(stats, str(written[-1]))
-    meta = {**sidecar(hparams, stats_file=written[0].name if written else None), **extra}
+    meta = {**sidecar(record, stats_file=written[0].name if written else None), **extra}
     Path(f"{out}.json").write_text(json.dumps(meta, indent=2) + "\n")
     return [Path(f"{out}.json"), *written]
 
 
-def export_timm(model: torch.nn.Module, hparams: dict, out: str | Path) -> Path:
+def export_timm(model: torch.nn.Module, record: CheckpointRecord, out: str | Path) -> Path:
     """A folder in timm's Hugging Face layout: `model.safetensors` (timm's keys) and `config.json`, whose
     `model_args` rebuild the model (`timm.models.VisionTransformer(**model_args)`) and whose `pretrained_cfg` holds
     the preprocessing (`timm.data.resolve_data_config` reads it). `--model.init_from FOLDER` reads it back."""
@@ -172,13 +139,13 @@ def export_timm(model: torch.nn.Module, hparams: dict, out: str | Path) -> Path:
         "num_features": args["embed_dim"],
         "global_pool": args["global_pool"],
         "model_args": args,
-        "label_names": hparams.get("class_names"),
+        "label_names": list(record.class_names),
         "pretrained_cfg": {
             "input_size": [args["in_chans"], args["img_size"], args["img_size"]],
             "interpolation": "bilinear",
             "crop_pct": 1.0,  # shorter side resized to img_size, then a centre crop of img_size
-            "mean": list(hparams["mean"]),
-            "std": list(hparams["std"]),
+            "mean": list(record.mean),
+            "std": list(record.std),
             "num_classes": args["num_classes"],
         },
     }

@@ -14,6 +14,7 @@ from vit.data.images import expand_inputs
 from vit.data.transforms import DataError
 from vit.deployment.predict import ImageFiles, channel_stats, collate, normalize
 from vit.model.checkpoint import CheckpointError
+from vit.model.record import CheckpointRecord
 
 
 class FileBatches:
@@ -21,20 +22,20 @@ class FileBatches:
     (vit.deployment.predict.ImageFiles), so that every prediction equals vit-predict's. Unreadable files are reported on
     stderr, left out, and listed in `.errors`; `.kept` lists the positions scored, in order."""
 
-    def __init__(self, files: list[str], targets: list[int], hparams: dict, batch_size: int, workers, device):
+    def __init__(self, files: list[str], targets, record: CheckpointRecord, batch_size: int, workers, device):
         # targets: class indices, or a multi-label model's (N, C) 0/1 tensor
         self.files, self.device = files, device
         self.targets = targets if isinstance(targets, torch.Tensor) else torch.tensor(targets, dtype=torch.long)
         if workers is None:  # as vit-predict: leave a core to the forward
             workers = max(1, min(4, (os.cpu_count() or 2) - 1)) if len(files) > batch_size else 0
         self.loader = DataLoader(
-            ImageFiles(files, hparams["img_size"], hparams.get("in_chans", 3)),
+            ImageFiles(files, record.img_size, record.in_chans),
             batch_size=batch_size,
             num_workers=workers,
             collate_fn=collate,
             pin_memory=device.type == "cuda",
         )
-        self.mean, self.std = channel_stats(hparams, device)
+        self.mean, self.std = channel_stats(record, device)
         self.kept: list[int] = []
         self.errors: list[tuple[str, str]] = []
 
@@ -73,17 +74,18 @@ def labelled_folder(root: Path, classes: list[str]) -> tuple[list[str], list[int
     return files, targets
 
 
-def training_data(path: str, ckpt: dict, hparams: dict):
-    """The data module a checkpoint was trained on, from its `data` record (vit.training.callbacks.DataRecord); only
-    this toolkit's own data classes are built, whatever the file names."""
-    record = ckpt.get("data")
-    if not isinstance(record, dict) or not isinstance(record.get("class_path"), str):
+def training_data(path: str, record: CheckpointRecord):
+    """The data module a checkpoint was trained on, from its `data` record (vit.training.callbacks.DataRecord: the
+    class_path and init_args, checked by read_record); only this toolkit's own data classes are built, whatever the
+    file names."""
+    if record.data is None:
         raise CheckpointError(f"{path}: holds no record of its training data (older than vit-eval): give a folder")
-    module, _, name = record["class_path"].rpartition(".")
+    class_path, init_args = record.data["class_path"], record.data.get("init_args")
+    module, _, name = class_path.rpartition(".")
     cls = getattr(importlib.import_module(module), name, None) if module.split(".")[0] == "vit" else None
     if not (isinstance(cls, type) and issubclass(cls, ImageClassificationData)):
-        raise CheckpointError(f"{path}: data class {record['class_path']!r} is not one of this toolkit's")
-    args = dict(record.get("init_args") or {})
+        raise CheckpointError(f"{path}: data class {class_path!r} is not one of this toolkit's")
+    args = dict(init_args or {})
     if name == "ImageFolderDataModule":  # only the file lists: the files are decoded below, as vit-predict does
-        args.update(check_images=False, in_memory=False, mean=hparams["mean"], std=hparams["std"])
+        args.update(check_images=False, in_memory=False, mean=list(record.mean), std=list(record.std))
     return cls(**args)

@@ -1,7 +1,7 @@
 """An exported ONNX model (`vit-export --format onnx [--quantize int8]`) run by ONNX Runtime, in place of the torch
 model: `vit-predict --onnx FILE` classifies with it, with the preprocessing and calibration of its sidecar.
 
-    model, hparams = load_onnx("vit-int8.onnx")   # hparams from vit-int8.onnx.json: img_size, mean, std, ...
+    model, record = load_onnx("vit-int8.onnx")    # record from vit-int8.onnx.json: record.img_size, mean, std, ...
     logits = model(normalized_batch)               # (B, C, S, S) float32 -> (B, num_classes), as the torch model
 """
 
@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+
+from vit.model.record import CheckpointRecord, sidecar_record
 
 
 class OnnxClassifier(torch.nn.Module):
@@ -32,7 +34,7 @@ class OnnxClassifier(torch.nn.Module):
         return torch.from_numpy(self.session.run(None, {self.input: x.float().cpu().numpy()})[0])
 
     def features_and_logits(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """(pooled features or None, logits) of one run: what vit.evaluation.unknown.pooled_features asks."""
+        """(pooled features or None, logits) of one run: what vit.evaluation.image_features.pooled_features asks."""
         out = self.session.run(None, {self.input: x.float().cpu().numpy()})
         return (torch.from_numpy(out[1]) if self.has_features else None), torch.from_numpy(out[0])
 
@@ -41,10 +43,10 @@ class OnnxError(ValueError):
     """An ONNX file or its sidecar that cannot be used; the message names the file."""
 
 
-def load_onnx(path: str | Path, threads: int | None = None) -> tuple[OnnxClassifier, dict]:
-    """The model (run on `threads` intra-op threads; None: ONNX Runtime's default) and the hyper-parameters predict
-    needs (img_size, in_chans, mean, std, class_names, temperature), read from `<path>.json`, which vit-export writes
-    beside the model."""
+def load_onnx(path: str | Path, threads: int | None = None) -> tuple[OnnxClassifier, CheckpointRecord]:
+    """The model (run on `threads` intra-op threads; None: ONNX Runtime's default) and the record predict needs
+    (img_size, in_chans, mean, std, class_names, temperature, ...; vit/model/record.py), read from `<path>.json`,
+    which vit-export writes beside the model."""
     path = Path(path)
     meta = Path(f"{path}.json")
     if not path.is_file():
@@ -52,8 +54,8 @@ def load_onnx(path: str | Path, threads: int | None = None) -> tuple[OnnxClassif
     if not meta.is_file():
         raise OnnxError(f"{path}: no {meta.name} beside it (vit-export writes the preprocessing there)")
     try:
-        hparams = json.loads(meta.read_text())
-        missing = [k for k in ("img_size", "mean", "std") if k not in hparams]
+        spec = json.loads(meta.read_text())
+        missing = [k for k in ("img_size", "mean", "std") if k not in spec]
     except (OSError, ValueError) as e:
         raise OnnxError(f"{meta}: not readable JSON ({e})") from None
     if missing:
@@ -62,14 +64,13 @@ def load_onnx(path: str | Path, threads: int | None = None) -> tuple[OnnxClassif
         model = OnnxClassifier(path, threads)
     except Exception as e:  # onnxruntime raises its own types for a broken graph
         raise OnnxError(f"{path}: ONNX Runtime cannot load it ({str(e).splitlines()[0]})") from None
-    unknown = hparams.get("unknown")
+    unknown = spec.get("unknown")
     if unknown is not None:
         stats = unknown_stats(path, unknown)
         if not model.has_features and stats:
             raise OnnxError(f"{path}: its sidecar rejects by {unknown['score']}, the graph has no features output")
         unknown = {**unknown, "threshold": float(unknown["threshold"]), "stats": stats}
-    names = hparams.get("class_names") or [str(i) for i in range(model.num_classes)]
-    return model, {**hparams, "unknown": unknown, "class_names": names}
+    return model, sidecar_record(spec, model.num_classes, unknown)
 
 
 def unknown_stats(path: Path, unknown: dict) -> dict[str, torch.Tensor]:

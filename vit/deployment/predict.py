@@ -1,10 +1,11 @@
 """Classify image files with a trained model: the library behind `vit-predict` and `vit-serve`.
 
-    records = predict(model, paths, hparams, topk=3)   # [{'path', 'predictions': [...], 'unknown', 'error'}]
-    logits = model(normalize(uint8_batch, hparams["mean"], hparams["std"]))
+    model, record = load_model("checkpoints/digits")        # vit.model.checkpoint
+    records = predict(model, paths, record, topk=3)   # [{'path', 'predictions': [...], 'unknown', 'error'}]
+    logits = model(normalize(uint8_batch, record.mean, record.std))
 
-Preprocessing (image size, channels, mean, std) comes from the checkpoint's hyper-parameters, through vit.data.images:
-the same decode as training. The command line is vit/commands/predict.py.
+Preprocessing (image size, channels, mean, std) comes from the checkpoint's record (vit/model/record.py), through
+vit.data.images: the same decode as training. The command line is vit/commands/predict.py.
 """
 
 import os
@@ -27,6 +28,7 @@ from vit.evaluation.attention_maps import (
 )
 from vit.evaluation.calibration import probabilities
 from vit.evaluation.unknown import Rejector
+from vit.model.record import CheckpointRecord
 
 
 class ImageFiles(Dataset):
@@ -56,9 +58,9 @@ def normalize(x: torch.Tensor, mean, std) -> torch.Tensor:
     return normalize_uint8(x, *uint8_affine(mean, std, x.device))  # training's own, to the last bit
 
 
-def channel_stats(hparams: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def channel_stats(record: CheckpointRecord, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The checkpoint's mean and std as (C,) float32 tensors on the device, for normalize."""
-    return tuple(torch.tensor(hparams[k], dtype=torch.float32, device=device) for k in ("mean", "std"))
+    return tuple(torch.tensor(v, dtype=torch.float32, device=device) for v in (record.mean, record.std))
 
 
 def collate(items):
@@ -97,10 +99,6 @@ def labels_above(logits: torch.Tensor, names: list[str], k: int, thresholds: lis
     return top, [[names[c] for c in o if g[c]] for g, o in zip(given, order)]
 
 
-def class_names(model, hparams: dict) -> list[str]:
-    return hparams.get("class_names") or [str(i) for i in range(model.num_classes)]
-
-
 def map_and_logits(model, x: torch.Tensor, kind: str = "relevance") -> tuple[torch.Tensor, torch.Tensor]:
     """(B, gh, gw) map over the patch grid and the logits of the same forward: class-specific relevance of the
     predicted class, or the attention rollout."""
@@ -113,52 +111,53 @@ def map_and_logits(model, x: torch.Tensor, kind: str = "relevance") -> tuple[tor
     return rel, logits
 
 
-def overlays(x: torch.Tensor, maps: torch.Tensor, hparams: dict) -> torch.Tensor:
+def overlays(x: torch.Tensor, maps: torch.Tensor, record: CheckpointRecord) -> torch.Tensor:
     """Normalised inputs and their maps -> (B, 3, H, 2W) float in [0, 1]: each image beside its overlay."""
-    images = denormalize(x.float(), hparams["mean"], hparams["std"]).cpu()
+    images = denormalize(x.float(), record.mean, record.std).cpu()
     return torch.stack([torch.cat([img, overlay(img, m)], dim=-1) for img, m in zip(images, maps.cpu())])
 
 
-def label_maps(model, x, logits, hparams: dict, names: list[str], paths: list[str], idx: list[int], out) -> None:
+def label_maps(model, x, logits, record: CheckpointRecord, paths: list[str], idx: list[int], out) -> None:
     """A multi-label model's relevance map of every label at or above its threshold, one PNG per (image, label):
     `<position>_<stem>_<label>.png` beside the map of its likeliest label. One forward and backward per label."""
     from torchvision.utils import save_image
 
-    above = logits.float().sigmoid() >= torch.tensor(hparams["thresholds"], device=logits.device)  # (B, C)
+    names = record.class_names
+    above = logits.float().sigmoid() >= torch.tensor(record.thresholds, device=logits.device)  # (B, C)
     for c in above.any(0).nonzero().flatten().tolist():
         rows = above[:, c].nonzero().flatten()
         rel = relevance(model, x[rows], c)[0]  # (n, gh, gw): the relevance of label c
         label = re.sub(r"[^\w.-]", "_", names[c])  # a file name, whatever the label says
-        for r, picture in zip(rows.tolist(), overlays(x[rows], rel, hparams)):
+        for r, picture in zip(rows.tolist(), overlays(x[rows], rel, record)):
             save_image(picture, Path(out) / f"{idx[r]:05d}_{Path(paths[r]).stem}_{label}.png")
 
 
-def classify(model, images: list, hparams: dict, topk: int = 5) -> list[dict]:
+def classify(model, images: list, record: CheckpointRecord, topk: int = 5) -> list[dict]:
     """PIL images in memory -> one record each, as vit-predict writes them: {'predictions': [{'label', 'prob'}],
     'unknown'} (a multi-label model's add 'labels'); the checkpoint's preprocessing, temperature and rejection.
 
-        model, hparams = load_model("checkpoints/digits/version_0/last.ckpt")   # vit.model.checkpoint
-        classify(model, [Image.open("digit.png")], hparams, topk=3)
+        model, record = load_model("checkpoints/digits")   # vit.model.checkpoint: a run's best checkpoint
+        classify(model, [Image.open("digit.png")], record, topk=3)
     """
     dev = next(model.parameters()).device
-    in_chans, side = hparams.get("in_chans", 3), hparams["img_size"]
-    x = torch.stack(same_dtype([image_at(convert_image(img, in_chans), side) for img in images])).to(dev)
-    x = normalize(x, *channel_stats(hparams, dev))
-    reject, names = Rejector(hparams.get("unknown")), class_names(model, hparams)
+    side = record.img_size
+    x = torch.stack(same_dtype([image_at(convert_image(img, record.in_chans), side) for img in images])).to(dev)
+    x = normalize(x, *channel_stats(record, dev))
+    reject, names = Rejector(record.unknown), record.class_names
     with torch.inference_mode():
         logits, feats = reject.forward(model.eval(), x)
     unknown = reject(logits, feats, reject.inputs(x)).tolist()
-    if hparams.get("task") == "multilabel":
-        top, given = labels_above(logits, names, topk, hparams["thresholds"])
+    if record.multilabel:
+        top, given = labels_above(logits, names, topk, record.thresholds)
         return [{"predictions": p, "labels": g, "unknown": None} for p, g in zip(top, given)]
-    top = top_k(logits, names, topk, hparams.get("temperature", 1.0))
+    top = top_k(logits, names, topk, record.temperature)
     return [{"predictions": p, "unknown": u} for p, u in zip(top, unknown)]
 
 
 def predict(
     model,
     paths: list[str],
-    hparams: dict,
+    record: CheckpointRecord,
     topk: int = 5,
     batch_size: int = 64,
     device: str = "auto",
@@ -171,18 +170,18 @@ def predict(
     """Classify image files: one record per path, in order: {'path', 'predictions': [{'label', 'prob'}], 'unknown',
     'error'}; a multi-label model's records add 'labels', every label at or above its threshold (labels_above).
     With `attention_out`, also an overlay PNG per image there (`attention_map`: relevance or rollout). Probabilities
-    are calibrated by the checkpoint's temperature (hparams["temperature"]) unless `raw_probs`."""
+    are calibrated by the checkpoint's temperature (record.temperature) unless `raw_probs`."""
     from torchvision.utils import save_image
     from tqdm import tqdm
 
     dev = pick_device(device)
     model = model.to(dev).eval()
-    names = class_names(model, hparams)
+    names = record.class_names
     if num_workers is None:
         # Leave a core to the forward: on 2 cores one decoding worker measured faster than two.
         num_workers = max(1, min(4, (os.cpu_count() or 2) - 1)) if len(paths) > batch_size else 0
     loader = DataLoader(
-        ImageFiles(paths, hparams["img_size"], hparams.get("in_chans", 3)),
+        ImageFiles(paths, record.img_size, record.in_chans),
         batch_size=batch_size,
         num_workers=num_workers,
         collate_fn=collate,
@@ -191,12 +190,12 @@ def predict(
     # "unknown": the image scores below the checkpoint's rejection threshold (vit/evaluation/unknown.py); a checkpoint
     # without one never says so
     records: list[dict] = [{"path": p, "predictions": [], "unknown": None, "error": None} for p in paths]
-    reject = Rejector(hparams.get("unknown"))
+    reject = Rejector(record.unknown)
     if attention_out:
         Path(attention_out).mkdir(parents=True, exist_ok=True)
     bar = tqdm(loader, desc="predict", unit="batch", file=sys.stderr, disable=not progress or len(loader) <= 3)
-    mean, std = channel_stats(hparams, dev)
-    temperature = 1.0 if raw_probs else hparams.get("temperature", 1.0)
+    mean, std = channel_stats(record, dev)
+    temperature = 1.0 if raw_probs else record.temperature
     with torch.inference_mode():  # relevance() leaves it for its own backward
         for x, idx, errors in bar:
             for i, err in errors:
@@ -207,16 +206,16 @@ def predict(
             x = normalize(x.to(dev, non_blocking=True), mean, std)
             if attention_out:
                 maps, logits = map_and_logits(model, x, attention_map)
-                for i, picture in zip(idx, overlays(x, maps, hparams)):
+                for i, picture in zip(idx, overlays(x, maps, record)):
                     save_image(picture, Path(attention_out) / f"{i:05d}_{Path(paths[i]).stem}.png")
-                if hparams.get("task") == "multilabel" and attention_map == "relevance":
-                    label_maps(model, x, logits, hparams, names, [paths[i] for i in idx], idx, attention_out)
+                if record.multilabel and attention_map == "relevance":
+                    label_maps(model, x, logits, record, [paths[i] for i in idx], idx, attention_out)
                 feats = reject.forward(model, x)[1]  # a second forward only when the score needs the features
             else:
                 logits, feats = reject.forward(model, x)
             unknown = reject(logits, feats, reject.inputs(x)).tolist()
-            if hparams.get("task") == "multilabel":  # several labels an image: every one above its threshold
-                top, given = labels_above(logits, names, topk, hparams["thresholds"])
+            if record.multilabel:  # several labels an image: every one above its threshold
+                top, given = labels_above(logits, names, topk, record.thresholds)
                 for i, preds, labels in zip(idx, top, given):
                     records[i]["predictions"], records[i]["labels"] = preds, labels
                 continue

@@ -28,10 +28,11 @@ from starlette.requests import Request
 
 from vit.data.images import describe, image_at, read_image, same_dtype
 from vit.deployment.onnx_model import load_onnx
-from vit.deployment.predict import channel_stats, class_names, labels_above, map_and_logits, normalize, top_k
+from vit.deployment.predict import channel_stats, labels_above, map_and_logits, normalize, top_k
 from vit.evaluation.attention_maps import denormalize, overlay
 from vit.evaluation.unknown import Rejector
 from vit.model.checkpoint import load_model
+from vit.model.record import CheckpointRecord
 
 MAPS = ("none", "relevance", "rollout")
 RAW_TYPES = ("image/", "application/octet-stream")
@@ -304,10 +305,10 @@ def png_base64(image: torch.Tensor) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def map_overlays(model, x: torch.Tensor, hparams: dict, kind: str) -> list[str]:
+def map_overlays(model, x: torch.Tensor, record: CheckpointRecord, kind: str) -> list[str]:
     """For normalised inputs (B, C, S, S): the map of the predicted class over each image, as base64 PNGs."""
     maps, _ = map_and_logits(model, x, kind)
-    images = denormalize(x.float(), hparams["mean"], hparams["std"]).cpu()
+    images = denormalize(x.float(), record.mean, record.std).cpu()
     side = max(MAP_SIDE, images.shape[-1])
     images = F.interpolate(images, size=(side, side), mode="bilinear", antialias=True).clamp_(0, 1)
     return [png_base64(overlay(img, m)) for img, m in zip(images, maps.cpu())]
@@ -335,13 +336,13 @@ class ViTAPI(ls.LitAPI):
         leave_terminal_group()  # an inference worker: the launcher stops it (see LeaveTerminalGroup)
         if self.threads and device == "cpu":
             torch.set_num_threads(self.threads)  # this worker process's share of the cores
-        self.model, self.hparams = load_onnx(self.ckpt, threads=self.threads) if self.onnx else load_model(self.ckpt)
+        self.model, self.record = load_onnx(self.ckpt, threads=self.threads) if self.onnx else load_model(self.ckpt)
         self.model = self.model.to(device).eval()
         self.device = torch.device(device)
-        self.names = class_names(self.model, self.hparams)
-        self.shape = (self.hparams.get("in_chans", 3), self.hparams["img_size"], self.hparams["img_size"])
-        self.mean, self.std = channel_stats(self.hparams, self.device)  # once, on the device
-        self.reject = Rejector(self.hparams.get("unknown"))
+        self.names = self.record.class_names
+        self.shape = (self.record.in_chans, self.record.img_size, self.record.img_size)
+        self.mean, self.std = channel_stats(self.record, self.device)  # once, on the device
+        self.reject = Rejector(self.record.unknown)
 
     def decode_request(self, request: dict):
         dtype = torch.float32 if request.get("dtype") == "float32" else torch.uint8
@@ -358,14 +359,14 @@ class ViTAPI(ls.LitAPI):
             logits, feats = self.reject.forward(self.model, x)
         unknown = self.reject(logits, feats, self.reject.inputs(x)).tolist()  # the checkpoint's rejection, or False
         k_max = max(k for _, k, _, _ in items)
-        if self.hparams.get("task") == "multilabel":  # each label's sigmoid, and the labels above their thresholds
-            top, given = labels_above(logits, self.names, k_max, self.hparams["thresholds"])
+        if self.record.multilabel:  # each label's sigmoid, and the labels above their thresholds
+            top, given = labels_above(logits, self.names, k_max, self.record.thresholds)
             out = [
                 {"predictions": top[i][:k], "labels": given[i], "unknown": None, "map": None, "batch": len(items)}
                 for i, (_, k, _, _) in enumerate(items)
             ]
         else:
-            calibrated = top_k(logits, self.names, k_max, self.hparams.get("temperature", 1.0))
+            calibrated = top_k(logits, self.names, k_max, self.record.temperature)
             raw = top_k(logits, self.names, k_max) if any(r for _, _, _, r in items) else None
             out = [
                 {
@@ -379,7 +380,7 @@ class ViTAPI(ls.LitAPI):
         for kind in MAPS[1:]:
             idx = [i for i, (_, _, m, _) in enumerate(items) if m == kind]
             if idx and not self.onnx:  # an ONNX graph has no attention to read: "map" stays null
-                for i, picture in zip(idx, map_overlays(self.model, x[idx], self.hparams, kind)):
+                for i, picture in zip(idx, map_overlays(self.model, x[idx], self.record, kind)):
                     out[i]["map"] = picture
         return out
 
@@ -390,22 +391,20 @@ class ViTAPI(ls.LitAPI):
         return output
 
 
-def server_info(ckpt: str | Path, hparams: dict) -> dict:
+def server_info(ckpt: str | Path, record: CheckpointRecord) -> dict:
     """What GET /info says about the model (LitServe puts it under "model")."""
     return {
-        "classes": hparams.get("class_names") or [str(i) for i in range(hparams["arch"]["num_classes"])],
-        "img_size": hparams["img_size"],
-        "in_chans": hparams.get("in_chans", 3),
-        "mean": list(hparams["mean"]),
-        "std": list(hparams["std"]),
-        "arch": hparams.get("arch"),  # null for an ONNX model: its sidecar describes the input, not the blocks
+        "classes": list(record.class_names),
+        "img_size": record.img_size,
+        "in_chans": record.in_chans,
+        "mean": list(record.mean),
+        "std": list(record.std),
+        "arch": record.arch,  # null for an ONNX model: its sidecar describes the input, not the blocks
         "checkpoint": Path(ckpt).name,  # the file's name only: where it lives on the server is no client's business
-        "temperature": hparams.get("temperature", 1.0),  # probabilities are softmax(logits / temperature); ?raw=1
-        # the score that says "unknown" (vit/evaluation/unknown.py) and its threshold; null: never unknown
-        "unknown": {k: hparams["unknown"].get(k) for k in ("score", "threshold", "class_thresholds")}
-        if hparams.get("unknown")
-        else None,
+        "temperature": record.temperature,  # probabilities are softmax(logits / temperature); ?raw=1
+        # the score that says "unknown" (vit/evaluation/unknown.py), its threshold and fusion; null: never unknown
+        "unknown": record.rejection(),
         # "multilabel": several labels an image, each given at or above its threshold (then under "labels")
-        "task": hparams.get("task") or "multiclass",
-        "thresholds": hparams.get("thresholds"),
+        "task": record.task,
+        "thresholds": record.thresholds,
     }

@@ -13,11 +13,12 @@ from torchmetrics.functional.classification import multiclass_confusion_matrix
 
 from vit.data.base import ImageClassificationData, whole_train_batches, whole_val_batches
 from vit.evaluation.calibration import calibration_report, fit_temperature, probabilities
+from vit.evaluation.image_features import features_of
 from vit.evaluation.logit_adjustment import BOOTSTRAPS, GATE, adjust_checkpoints
 from vit.evaluation.map_callback import add_png
 from vit.evaluation.report import confusion_figure, figure_pixels
 from vit.evaluation.scores import balanced_accuracy
-from vit.evaluation.unknown import ACCEPT, features_of, rejection_record
+from vit.evaluation.unknown import ACCEPT, rejection_record
 from vit.model.checkpoint import unknown_of
 
 # The training images read for the rejection statistics after fit: at most TRAIN_IMAGES, an equal share of each class
@@ -60,10 +61,10 @@ def _after_fit_steps(
     tb: TensorBoardLogger | None,
     step: int,
 ) -> Iterator[str]:
-    if hparams.get("task") == "multilabel":  # no temperature, rejection or adjustment: each reads a softmax
+    if hparams.task == "multilabel":  # no temperature, rejection or adjustment: each reads a softmax
         yield multilabel_after_fit(saved, dm, device, tb, step)
     else:
-        if hparams.get("posthoc_logit_adjust") and (line := adjust_after_fit(saved, dm, device)):
+        if hparams.posthoc_logit_adjust and (line := adjust_after_fit(saved, dm, device)):
             yield line
         trained = step * getattr(dm, "batch_size", 0) or None  # images the run trained on (None: not known)
         best = measure_after_fit(saved, dm, device, trained)[saved[0]]
@@ -212,20 +213,19 @@ def test_after_fit(
     if not getattr(dm, "has_test_split", False):
         return None
     dm.setup("test")
-    ckpt = load_checkpoint(path)
-    model, _ = model_of(ckpt, path)
+    model, record = model_of(load_checkpoint(path), path)
     logits, targets = logits_of(model, whole_val_batches(dm, "test"), device)
     if getattr(dm, "task", "multiclass") == "multilabel":
         from vit.evaluation.multilabel import multilabel_scores
 
-        scores = multilabel_scores(logits.sigmoid(), targets, ckpt["multilabel"]["thresholds"])
+        scores = multilabel_scores(logits.sigmoid(), targets, record.thresholds)
         metrics = {"checkpoint": str(path), "images": len(targets), **scores}
         _write_test(metrics, out, tb, step, ("mAP", "f1_macro", "f1_micro"))
         return (
             f"test split ({len(targets)} images, scored once, used to choose nothing): mAP {scores['mAP']:.4f}, "
             f"F1 macro {scores['f1_macro']:.4f}, micro {scores['f1_micro']:.4f}" + (f" -> {out}" if out else "")
         )
-    temperature = (ckpt.get("calibration") or {}).get("temperature", 1.0)
+    temperature = record.temperature
     pred = logits.argmax(-1)
     metrics = {
         "checkpoint": str(path),

@@ -7,14 +7,15 @@ import torch
 
 from vit.evaluation.attention_maps import denormalize, overlay_batch, relevance
 from vit.evaluation.report import png_bytes, top_losses_figure
+from vit.model.record import CheckpointRecord
 
 
-def top_losses(model, scored, rows, classes, hparams, device, ids: list[str]) -> bytes:
+def top_losses(model, scored, rows, classes, record: CheckpointRecord, device, ids: list[str]) -> bytes:
     """top_losses.png: each of the worst images with the relevance maps of its true and of its predicted class."""
     x = scored.worst_images.to(device)
     picked = scored.worst_rows
     true, pred = rows["true"][picked], rows["pred"][picked]
-    images = denormalize(x.float(), hparams["mean"], hparams["std"]).cpu()
+    images = denormalize(x.float(), record.mean, record.std).cpu()
     maps_true = overlay_batch(images, relevance(model, x, true.to(device))[0])
     maps_pred = overlay_batch(images, relevance(model, x, pred.to(device))[0])
     captions = [
@@ -24,15 +25,15 @@ def top_losses(model, scored, rows, classes, hparams, device, ids: list[str]) ->
     return png_bytes(top_losses_figure(images, maps_true, maps_pred, captions))
 
 
-def label_issue_gallery(ckpt: dict, hparams: dict, show: int = 16) -> tuple[bytes, int] | None:
+def label_issue_gallery(record: CheckpointRecord, show: int = 16) -> tuple[bytes, int] | None:
     """label_issues.png from the label_issues.csv of the checkpoint's run (`--find_label_issues true`), when that file
     is there: the files most likely mislabelled, with their given and suggested class; and how many it lists."""
     from vit.data.images import image_at, read_image
     from vit.evaluation.label_issues import read_label_issues
     from vit.evaluation.report import label_issues_figure
 
-    path = ckpt.get("label_issues")
-    if not isinstance(path, str) or not Path(path).is_file():
+    path = record.label_issues
+    if path is None or not Path(path).is_file():
         return None
     rows = read_label_issues(Path(path))
     pictures, captions = [], []
@@ -40,7 +41,7 @@ def label_issue_gallery(ckpt: dict, hparams: dict, show: int = 16) -> tuple[byte
         if len(pictures) == show:
             break
         try:
-            img = image_at(read_image(r["path"], hparams.get("in_chans", 3)), hparams["img_size"])
+            img = image_at(read_image(r["path"], record.in_chans), record.img_size)
         except Exception:  # a file moved or deleted since training: shown by the others
             continue
         pictures.append(img.float() / 255 if img.dtype == torch.uint8 else img)

@@ -7,7 +7,8 @@ checkpoint's thresholds reject (vit-eval's report and --ood), and the tap that k
 
 import torch
 
-from vit.evaluation.unknown import ACCEPT, Rejector, accept_threshold, input_statistics, pooled_features, thresholds_of
+from vit.evaluation.image_features import input_statistics, pooled_features
+from vit.evaluation.unknown import ACCEPT, Rejector, accept_threshold, thresholds_of
 
 
 def auroc(inside: torch.Tensor, outside: torch.Tensor) -> float:

@@ -27,6 +27,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from vit.evaluation.image_features import as_layers, input_statistics, pooled_features
+
 SCORES = (
     "msp",
     "max_logit",
@@ -66,64 +68,6 @@ CLASS_COVARIANCE_FLOATS, SHARED_DEFAULT_SCORE = 2**21, "block_mahalanobis+input+
 MIN_IMAGES_PER_DIM = 2
 
 
-def pooled_features(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, C, H, W) -> pooled features (B, L + 1, D): the mean of the patch tokens after each of the L blocks (before
-    the final norm), then what the head reads; and the logits (B, num_classes); one forward (an exported model,
-    vit.deployment.onnx_model, gives both from its two outputs; one exported before the blocks' features: (B, D))."""
-    if hasattr(model, "features_and_logits"):
-        return model.features_and_logits(x)
-    taps = []
-    tokens = model.forward_features(x, taps=taps)
-    final = model.forward_head(tokens, pre_logits=True)  # (B, D): what the class head reads
-    p = model.num_prefix_tokens
-    feats = torch.stack([t[:, p:].mean(1) for t in taps] + [final], dim=1)
-    # the served logits: the class head's, or with a distillation token the mean of both heads
-    return feats, model.head(final) if model.dist_token is None else model.forward_head(tokens)
-
-
-def _layers(feats: torch.Tensor) -> torch.Tensor:
-    """Pooled features as (N, L + 1, D), the head's last; (N, D) from an export made before the blocks' features."""
-    return feats[:, None] if feats.dim() == 2 else feats
-
-
-def input_statistics(x: torch.Tensor) -> torch.Tensor:
-    """(B, C, H, W) normalised images, as the model reads them -> (B, 5) statistics of the pixels themselves, of the
-    channels' average: its mean, and the logarithms of its spread, of its mean absolute horizontal and vertical
-    differences and of its mean absolute Laplacian (how much fine detail there is for its contrast). A blurred, a
-    low-resolution upsampled, a constant or a noised image moves them far from any training image's while its pooled
-    features can stay near a class (docs/evaluation.md: blurred images scored AUROC 0.60 by the features alone)."""
-    g = x.float().mean(1)  # (B, H, W)
-    dx, dy = (g[:, :, 1:] - g[:, :, :-1]).abs(), (g[:, 1:] - g[:, :-1]).abs()
-    lap = (4 * g[:, 1:-1, 1:-1] - g[:, :-2, 1:-1] - g[:, 2:, 1:-1] - g[:, 1:-1, :-2] - g[:, 1:-1, 2:]).abs()
-    eps = 1e-4  # a constant image: log(eps), far below any photograph's, instead of -inf
-    return torch.stack(
-        [
-            g.mean((1, 2)),
-            (g.std((1, 2)) + eps).log(),
-            (dx.mean((1, 2)) + eps).log(),
-            (dy.mean((1, 2)) + eps).log(),
-            (lap.mean((1, 2)) + eps).log(),
-        ],
-        -1,
-    )
-
-
-@torch.no_grad()
-def features_of(model, batches, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pooled features (N, L + 1, D), logits, targets and input_statistics (N, 5) of (images, targets) batches, on the
-    CPU in float32."""
-    model = model.to(device).eval()
-    feats, logits, targets, inputs = [], [], [], []
-    for x, y in batches:
-        x = x.to(device)
-        f, z = pooled_features(model, x)
-        feats.append(f.float().cpu())
-        logits.append(z.float().cpu())
-        targets.append(y.cpu())
-        inputs.append(input_statistics(x).cpu())
-    return torch.cat(feats), torch.cat(logits), torch.cat(targets), torch.cat(inputs)
-
-
 # Directions whose variance is below this share of the largest are left out of the inverse: the pooled features of a
 # LayerNorm-ed model lie in a subspace (a digits model's smallest eigenvalue measured 1e-14 against 0.75), and
 # inverting that direction gave precisions of 1e12 and AUROC 0.50 (chance) where the same model otherwise scores 0.95.
@@ -145,7 +89,7 @@ def feature_stats(
     of each block's, class means (L, C, D) and precisions (L, D, D); of their input_statistics (N, 5), where given,
     the mean (5,) and precision (5, 5). A class without images gets the overall mean.
     The blocks' distances still need their scale on validation images: block_scale."""
-    blocks, feats = _layers(feats.float())[:, :-1], _layers(feats.float())[:, -1]
+    blocks, feats = as_layers(feats.float())[:, :-1], as_layers(feats.float())[:, -1]
     normed = F.normalize(feats, dim=-1)
     means, overall = _class_means(feats, targets, num_classes)
     normed_means, _ = _class_means(normed, targets, num_classes)
@@ -196,7 +140,7 @@ def _class_gaussians(feats: torch.Tensor, targets: torch.Tensor, num_classes: in
 
 def _block_distances(feats: torch.Tensor, stats: dict) -> torch.Tensor:
     """(N, L + 1, D) pooled features -> (N, L) squared Mahalanobis distance to the nearest class mean in each block."""
-    blocks = _layers(feats.float())[:, :-1]
+    blocks = as_layers(feats.float())[:, :-1]
     return torch.stack(
         [
             squared_distances(blocks[:, i], m, p).amin(-1)
@@ -225,7 +169,7 @@ def _qda_distances(feats: torch.Tensor, stats: dict) -> torch.Tensor:
     means = stats["means"][None]  # (L + 1, C, D): the blocks' class means, then the head's
     means = torch.cat([stats["block_means"], means]) if "block_means" in stats else means
     out, step = [], max(1, 2**22 // means.numel())  # rows a chunk: ~32 MB of float64 differences, whatever C and D
-    for f in _layers(feats.float()).split(step):  # (n, L + 1, D)
+    for f in as_layers(feats.float()).split(step):  # (n, L + 1, D)
         z = f.double()[:, :, None] - means.double()[None]  # (n, L + 1, C, D)
         d = torch.einsum("nlcd,lcde,nlce->nlc", z, stats["class_precision"].double(), z)
         out.append((d + stats["class_logdet"].double()).amin(-1))
@@ -270,7 +214,7 @@ def unknown_scores(
         out["energy"] = torch.logsumexp(logits, -1)  # minus the free energy at temperature 1
     if feats is None or not stats:
         return out
-    if "block_mahalanobis" in names and "block_center" in stats and _layers(feats).shape[1] > 1:
+    if "block_mahalanobis" in names and "block_center" in stats and as_layers(feats).shape[1] > 1:
         z = (_block_distances(feats, stats) - stats["block_center"]) / stats["block_spread"]  # (N, L)
         out["block_mahalanobis"] = -z.sum(-1)
     if {"qda", "block_qda"} & set(names) and "qda_center" in stats:
@@ -279,7 +223,7 @@ def unknown_scores(
             out["qda"] = -z[:, -1]
         if "block_qda" in names and z.shape[1] > 1:
             out["block_qda"] = -z[:, :-1].sum(-1)
-    feats = _layers(feats.float())[:, -1]  # the head's features
+    feats = as_layers(feats.float())[:, -1]  # the head's features
     if {"mahalanobis", "relative_mahalanobis"} & set(names):
         d = squared_distances(feats, stats["means"], stats["precision"])  # (N, C)
         if "mahalanobis" in names:
@@ -325,6 +269,27 @@ def fused_score(scores: dict, name: str, fusion: dict) -> torch.Tensor:
     """The fused score `name` ("a+b") from its parts' scores: each standardised by `fusion` (fusion_of), summed."""
     parts = name.split("+")
     return sum((scores[p] - c) / d for p, c, d in zip(parts, fusion["center"], fusion["spread"]))
+
+
+def score_statistics(record: dict | None) -> dict[str, torch.Tensor]:
+    """The statistics the rejection record's score needs (float32 tensors): what an export keeps beside its sidecar
+    (`<out>.unknown.safetensors`; a class-covariance score's are ~15 MB as JSON text, ~4 MB as float32)."""
+    if record is None:
+        return {}
+    needs = {
+        "mahalanobis": ("means", "precision"),
+        "knn": ("bank",),
+        "relative_mahalanobis": ("means", "precision", "background_mean", "background_precision"),
+        "normalized_mahalanobis": ("normalized_means", "normalized_precision"),
+        "block_mahalanobis": ("block_means", "block_precision", "block_center", "block_spread"),
+        "input": ("input_mean", "input_precision"),
+        **dict.fromkeys(
+            ("qda", "block_qda"),
+            ("means", "block_means", "class_precision", "class_logdet", "qda_center", "qda_spread"),
+        ),
+    }
+    keys = [k for part in record["score"].split("+") for k in needs.get(part, ()) if k in record["stats"]]
+    return {k: record["stats"][k].float().contiguous() for k in keys}
 
 
 def rejection_record(train: tuple | None, val: tuple, class_names: list[str]) -> dict:

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import torch
 
-from vit.model.config import ViTConfig
 from vit.model.record import (
     CheckpointError,
+    CheckpointRecord,
     arch_from_hparams,
+    field_problem,
     read_record,
     temperature_of,
     thresholds_of,
@@ -24,6 +25,7 @@ from vit.model.vision_transformer import VisionTransformer
 # CheckpointError and the record's readers are vit/model/record.py's, importable from here too
 __all__ = [
     "CheckpointError",
+    "CheckpointRecord",
     "arch_from_hparams",
     "load_checkpoint",
     "load_model",
@@ -58,29 +60,6 @@ def load_checkpoint(path: str | Path, toolkit: bool = True) -> dict:
     return ckpt
 
 
-MAX_IMG_SIZE = 4096  # a side beyond any ViT recipe: a checkpoint asking more would make predict allocate gigabytes
-
-
-def field_problem(hparams: dict, cfg: ViTConfig) -> str | None:
-    """What in a checkpoint's preprocessing fields disagrees with its architecture (None: nothing): the commands
-    trust these to decode and normalise every image."""
-    names = hparams.get("class_names")
-    if names is not None and (not isinstance(names, list) or len(names) != cfg.num_classes):
-        count = len(names) if isinstance(names, list) else names
-        return f"class_names has {count!r} entries, num_classes={cfg.num_classes}"
-    for key in ("mean", "std"):
-        value = hparams.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, (list, tuple)) or len(value) != cfg.in_chans:
-            return f"{key}={value!r} does not have in_chans={cfg.in_chans} values"
-        if not all(isinstance(v, (int, float)) and v == v for v in value) or (key == "std" and min(value) <= 0):
-            return f"{key}={value!r} must be numbers" + (" > 0" if key == "std" else "")
-    if not 1 <= cfg.img_size <= MAX_IMG_SIZE:
-        return f"img_size={cfg.img_size} is outside 1-{MAX_IMG_SIZE}"
-    return None
-
-
 def deployable_checkpoint(text: str | Path) -> Path:
     """The checkpoint a command should load for `text`: a file as given; a run's folder (`checkpoints/folder`, or one
     of its `version_<n>`) or a run's name (`folder`: checkpoints/folder under the working folder): the newest
@@ -101,13 +80,13 @@ def deployable_checkpoint(text: str | Path) -> Path:
     return path
 
 
-def load_model(path: str | Path) -> tuple[VisionTransformer, dict]:
-    """The plain `VisionTransformer` of a training checkpoint, in eval mode, and its hyper-parameters, with the
-    preprocessing facts at the top level: img_size, in_chans, mean, std, class_names."""
+def load_model(path: str | Path) -> tuple[VisionTransformer, CheckpointRecord]:
+    """The plain `VisionTransformer` of a training checkpoint, in eval mode, and its record (vit/model/record.py):
+    record.img_size, in_chans, mean, std, class_names, temperature, unknown, ..."""
     return model_of(load_checkpoint(path), path)
 
 
-def model_of(ckpt: dict, path: str | Path) -> tuple[VisionTransformer, dict]:
+def model_of(ckpt: dict, path: str | Path) -> tuple[VisionTransformer, CheckpointRecord]:
     """load_model for a checkpoint already read (load_checkpoint); `path` names it in errors."""
     hparams = ckpt["hyper_parameters"]
     try:
@@ -120,12 +99,7 @@ def model_of(ckpt: dict, path: str | Path) -> tuple[VisionTransformer, dict]:
         if isinstance(e, CheckpointError):
             raise
         raise CheckpointError(f"{path}: hyper-parameters do not build a model ({e})") from None
-    multilabel = hparams.get("task") == "multilabel"
-    record = read_record(ckpt, path, cfg, multilabel)  # an older file's missing keys are defaults; a broken one stops
-    hparams = {**hparams, "img_size": cfg.img_size, "in_chans": cfg.in_chans, "arch": cfg.to_dict()}
-    hparams["temperature"], hparams["unknown"] = record.temperature, record.unknown
-    if multilabel:
-        hparams["thresholds"] = record.thresholds
+    record = read_record(ckpt, path, cfg)  # an older file's missing keys are defaults; a broken one stops
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     try:
         model.load_state_dict(state)
@@ -134,10 +108,10 @@ def model_of(ckpt: dict, path: str | Path) -> tuple[VisionTransformer, dict]:
         raise CheckpointError(
             f"{path}: weights do not fit the architecture in its hyper-parameters ({detail})"
         ) from None
-    return model.eval(), hparams
+    return model.eval(), record
 
 
-def load_model_or_report(path: str | Path) -> tuple[VisionTransformer, dict] | None:
+def load_model_or_report(path: str | Path) -> tuple[VisionTransformer, CheckpointRecord] | None:
     """load_model for the commands: on a bad checkpoint print its one line to stderr and return None (exit 2)."""
     import sys
 

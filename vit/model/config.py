@@ -132,6 +132,13 @@ class ViTConfig:
     answers the mean of the two heads' logits, as DeiT does at inference."""
 
     def __post_init__(self) -> None:
+        # each a one-line ValueError naming the field and its value
+        self._check_sizes()
+        self._check_choices()
+        self._check_variants()
+
+    def _check_sizes(self) -> None:
+        """The numbers: positive sizes that divide as the grid and the heads need, shares in [0, 1)."""
         c = self
         for name in ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
             if not _is_int(getattr(c, name)) or getattr(c, name) < 1:
@@ -147,6 +154,15 @@ class ViTConfig:
         params = c.depth * c.embed_dim**2 * (4 + 2 * c.mlp_ratio)  # attention 4 D^2, MLP 2 r D^2
         if params > 2e10:
             raise ValueError(f"embed_dim={c.embed_dim}, depth={c.depth}: {params:.1e} parameters would not fit")
+        for name in ("drop_rate", "attn_drop_rate", "drop_path_rate", "patch_drop_rate"):
+            if not _is_number(getattr(c, name)) or not 0.0 <= getattr(c, name) < 1.0:
+                raise ValueError(f"{name}={getattr(c, name)!r} must be in [0, 1)")
+        if c.init_values is not None and (not _is_number(c.init_values) or not 0 < c.init_values <= 10):
+            raise ValueError(f"init_values={c.init_values!r} must be in (0, 10] (typically 1e-5 to 1), or null")
+
+    def _check_choices(self) -> None:
+        """The named choices: each one of its Literal's values."""
+        c = self
         for name, allowed in (
             ("norm_layer", NormName),
             ("pos_embed", PosEmbedName),
@@ -159,17 +175,18 @@ class ViTConfig:
         ):
             if getattr(c, name) not in allowed.__args__:
                 raise ValueError(f"{name}={getattr(c, name)!r} is not one of {list(allowed.__args__)}")
+        if not isinstance(c.dist_token, bool):  # it counts the tokens: a string or a number must not pass for it
+            raise ValueError(f"dist_token={c.dist_token!r} must be true or false")
+
+    def _check_variants(self) -> None:
+        """The attention, MLP and stem variants: their own numbers, and the combinations that cannot work."""
+        c = self
         if (c.rope or c.pos_embed == "rope2d") and (c.embed_dim // c.num_heads) % 4:
             raise ValueError(
                 f"embed_dim={c.embed_dim} / num_heads={c.num_heads}: 2D RoPE needs a head size divisible by 4"
             )
         if c.pos_embed == "sincos2d" and c.embed_dim % 4:
             raise ValueError(f"embed_dim={c.embed_dim} must be divisible by 4 for pos_embed='sincos2d'")
-        for name in ("drop_rate", "attn_drop_rate", "drop_path_rate", "patch_drop_rate"):
-            if not _is_number(getattr(c, name)) or not 0.0 <= getattr(c, name) < 1.0:
-                raise ValueError(f"{name}={getattr(c, name)!r} must be in [0, 1)")
-        if c.init_values is not None and (not _is_number(c.init_values) or not 0 < c.init_values <= 10):
-            raise ValueError(f"init_values={c.init_values!r} must be in (0, 10] (typically 1e-5 to 1), or null")
         kv = c.num_kv_heads
         if kv is not None and (not _is_int(kv) or kv < 1 or c.num_heads % kv):
             raise ValueError(f"num_kv_heads={kv!r} must be a positive divisor of num_heads={c.num_heads}")
@@ -205,8 +222,6 @@ class ViTConfig:
                 "lsa=true hides each token from itself: with one token, or attn_pattern='local' and attn_window=1, "
                 "a token has nothing left to attend to"
             )
-        if not isinstance(c.dist_token, bool):  # it counts the tokens: a string or a number must not pass for it
-            raise ValueError(f"dist_token={c.dist_token!r} must be true or false")
         lat = c.kv_latent_dim
         if lat is not None and (not _is_int(lat) or lat < 1):
             raise ValueError(f"kv_latent_dim={lat!r} must be a positive integer, or null for plain attention")

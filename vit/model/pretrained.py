@@ -22,6 +22,7 @@ import torch
 
 from vit.model.checkpoint import CheckpointError, arch_from_hparams, load_checkpoint
 from vit.model.patch_embed import patch_grid
+from vit.model.record import given_preprocessing
 from vit.model.timm_state import InteropError, config_from_state_dict, convert_from_timm, load_state_dict
 from vit.model.vision_transformer import VisionTransformer
 from vit.model.weight_names import hub_name, names_a_file
@@ -192,14 +193,12 @@ def _from_toolkit_checkpoint(text: str, path: Path, num_heads: int | None) -> Pr
         ckpt = _read_once(path, load_checkpoint)
     except CheckpointError as e:
         raise InteropError(f"init_from={e}") from None
-    hp = ckpt["hyper_parameters"]
-    arch = arch_from_hparams(hp).to_dict()
+    arch = arch_from_hparams(ckpt["hyper_parameters"]).to_dict()
     if num_heads is not None and num_heads != arch["num_heads"]:
         raise InteropError(f"init_from={text}: the checkpoint has {arch['num_heads']} heads, the config {num_heads}")
     sd = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-    mean, std = hp.get("mean"), hp.get("std")
-    mean, std, names = tuple(mean) if mean else None, tuple(std) if std else None, hp.get("class_names")
-    return Pretrained(text, path, sd, arch, mean, std, toolkit=True, class_names=list(names) if names else None)
+    mean, std, names = given_preprocessing(ckpt)
+    return Pretrained(text, path, sd, arch, mean, std, toolkit=True, class_names=names)
 
 
 def load_pretrained(model: VisionTransformer, weights: Pretrained, class_names: list[str] | None = None) -> None:

@@ -7,10 +7,10 @@ the key. `check_record` is the writers' (vit/training/checkpoint_io.py calls it 
 toolkit writes always reads back. docs/architecture.md, "A checkpoint's keys", says who writes each.
 
     record = read_record(ckpt, "best.ckpt", arch_from_hparams(ckpt["hyper_parameters"]))
-    record.temperature, record.unknown, record.thresholds
+    record.img_size, record.mean, record.class_names, record.temperature, record.unknown, record.thresholds
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,6 +27,7 @@ RECORD_KEYS = (
     "label_issues",
     "teacher",
     "init_from",
+    "stem_from",
     "rng_states",
 )
 
@@ -37,8 +38,17 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True)
 class CheckpointRecord:
-    """A checkpoint's record, each field its default where the file has no such key."""
+    """What a command needs of a checkpoint besides the weights, each field its default where the file has no such
+    key. The input: an image decoded to `in_chans` channels, resized to `img_size` x `img_size`, normalised by
+    `mean` and `std`; the output: `class_names[i]` is logit i."""
 
+    img_size: int = 224
+    in_chans: int = 3
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    class_names: list[str] = field(default_factory=list)  # the file's, else "0" .. "C-1" (names_or_numbers)
+    task: str = "multiclass"  # or "multilabel": one sigmoid a label, each given at or above its threshold
+    arch: dict | None = None  # the ViTConfig as a dict; None for an ONNX export (its sidecar describes the input)
     temperature: float = 1.0  # `calibration.temperature`: softmax(logits / T) is what predict serves
     unknown: dict | None = None  # the rejection record (vit/evaluation/unknown.py); None: never unknown
     thresholds: list[float] | None = None  # `multilabel.thresholds`, one per label (multi-label models only)
@@ -47,9 +57,26 @@ class CheckpointRecord:
     label_issues: str | None = None  # the path of label_issues.csv
     teacher: dict | None = None  # the teacher's name and scores alone
 
+    @property
+    def multilabel(self) -> bool:
+        return self.task == "multilabel"
 
-def read_record(ckpt: dict, path, cfg: ViTConfig, multilabel: bool = False) -> CheckpointRecord:
-    """The record of a checkpoint already read (vit/model/checkpoint.py load_checkpoint) for the model `cfg`."""
+    def rejection(self) -> dict | None:
+        """The rejection record without its statistics (the score, its threshold and fusion, the per-class
+        thresholds): what vit-serve's /info shows and an export's sidecar holds beside its statistics file."""
+        if self.unknown is None:
+            return None
+        return {k: self.unknown.get(k) for k in ("score", "threshold", "fusion", "class_thresholds")}
+
+
+def names_or_numbers(names, num_classes: int) -> list[str]:
+    """The class names a file gives, or "0" .. "C-1" where it gives none."""
+    return list(names) if names else [str(i) for i in range(num_classes)]
+
+
+def read_record(ckpt: dict, path, cfg: ViTConfig, multilabel: bool | None = None) -> CheckpointRecord:
+    """The record of a checkpoint already read (vit/model/checkpoint.py load_checkpoint) for the model `cfg`
+    (`multilabel`: None reads the task from the hyper-parameters)."""
     for key in ("data", "logit_adjustment", "teacher"):
         if ckpt.get(key) is not None and not isinstance(ckpt[key], dict):
             raise CheckpointError(f"{path}: its {key!r} record must be a mapping, not {type(ckpt[key]).__name__}")
@@ -62,14 +89,54 @@ def read_record(ckpt: dict, path, cfg: ViTConfig, multilabel: bool = False) -> C
     issues = ckpt.get("label_issues")
     if issues is not None and not isinstance(issues, str):
         raise CheckpointError(f"{path}: its 'label_issues' record must be a path")
+    hp = ckpt.get("hyper_parameters") or {}
+    task = hp.get("task") or ("multilabel" if multilabel else "multiclass")
+    flat = (0.5,) * cfg.in_chans  # the DataModule's default normalisation, for a file without its own
     return CheckpointRecord(
+        img_size=cfg.img_size,
+        in_chans=cfg.in_chans,
+        mean=tuple(float(v) for v in hp.get("mean") or flat),
+        std=tuple(float(v) for v in hp.get("std") or flat),
+        class_names=names_or_numbers(hp.get("class_names"), cfg.num_classes),
+        task=task,
+        arch=cfg.to_dict(),
         temperature=temperature_of(ckpt, path),
         unknown=unknown_of(ckpt, path, cfg),
-        thresholds=thresholds_of(ckpt, path, cfg.num_classes) if multilabel else None,
+        thresholds=thresholds_of(ckpt, path, cfg.num_classes) if task == "multilabel" else None,
         data=data,
         logit_adjustment=adjustment,
         label_issues=issues,
         teacher=ckpt.get("teacher"),
+    )
+
+
+def given_preprocessing(ckpt: dict) -> tuple[tuple | None, tuple | None, list[str] | None]:
+    """The mean, std and class names a checkpoint's hyper-parameters give, each None where they give none: a run that
+    starts from its weights takes its data's own then (vit/model/pretrained.py)."""
+    hp = ckpt.get("hyper_parameters") or {}
+    mean, std, names = hp.get("mean"), hp.get("std"), hp.get("class_names")
+    return (tuple(mean) if mean else None), (tuple(std) if std else None), (list(names) if names else None)
+
+
+def rng_states_of(ckpt: dict) -> dict | None:
+    """The random generators' states a checkpoint saved (vit/training/rng.py), None in a file without them."""
+    return ckpt.get("rng_states")
+
+
+def sidecar_record(meta: dict, num_classes: int, unknown: dict | None) -> CheckpointRecord:
+    """The record of an ONNX export from its JSON sidecar (vit/deployment/export.py sidecar writes it; the caller
+    checks img_size, mean and std are there) and its rejection record with the statistics read back."""
+    in_chans = int(meta.get("in_chans", 3))
+    return CheckpointRecord(
+        img_size=int(meta["img_size"]),
+        in_chans=in_chans,
+        mean=tuple(float(v) for v in meta["mean"]),
+        std=tuple(float(v) for v in meta["std"]),
+        class_names=names_or_numbers(meta.get("class_names"), num_classes),
+        task=meta.get("task") or "multiclass",
+        temperature=float(meta.get("temperature", 1.0)),
+        unknown=unknown,
+        thresholds=meta.get("thresholds"),
     )
 
 
@@ -78,7 +145,30 @@ def check_record(ckpt: dict, path: str | Path) -> None:
     that is not a toolkit checkpoint (ddp_spawn's bare state dict) is not checked."""
     hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
     if isinstance(hparams, dict) and any(key in ckpt for key in RECORD_KEYS):
-        read_record(ckpt, path, arch_from_hparams(hparams), hparams.get("task") == "multilabel")
+        read_record(ckpt, path, arch_from_hparams(hparams))
+
+
+MAX_IMG_SIZE = 4096  # a side beyond any ViT recipe: a checkpoint asking more would make predict allocate gigabytes
+
+
+def field_problem(hparams: dict, cfg: ViTConfig) -> str | None:
+    """What in a checkpoint's preprocessing fields disagrees with its architecture (None: nothing): the commands
+    trust these to decode and normalise every image."""
+    names = hparams.get("class_names")
+    if names is not None and (not isinstance(names, list) or len(names) != cfg.num_classes):
+        count = len(names) if isinstance(names, list) else names
+        return f"class_names has {count!r} entries, num_classes={cfg.num_classes}"
+    for key in ("mean", "std"):
+        value = hparams.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, (list, tuple)) or len(value) != cfg.in_chans:
+            return f"{key}={value!r} does not have in_chans={cfg.in_chans} values"
+        if not all(isinstance(v, (int, float)) and v == v for v in value) or (key == "std" and min(value) <= 0):
+            return f"{key}={value!r} must be numbers" + (" > 0" if key == "std" else "")
+    if not 1 <= cfg.img_size <= MAX_IMG_SIZE:
+        return f"img_size={cfg.img_size} is outside 1-{MAX_IMG_SIZE}"
+    return None
 
 
 def arch_from_hparams(hparams: dict) -> ViTConfig:

@@ -15,7 +15,8 @@ import math
 from vit.model.config import ViTConfig
 from vit.model.patch_embed import patch_grid
 from vit.planning.fingerprint import Fingerprint
-from vit.planning.plan import CALIBRATION_BATCH, Plan, Planner
+from vit.planning.plan import Plan, Planner
+from vit.planning.rules import CALIBRATION_BATCH
 from vit.planning.speed import Machine
 
 # The learning rate, by the weights' width:
@@ -107,17 +108,19 @@ class FineTunePlanner(Planner):
         super().choose_model_and_epochs()
         self.why_model = f"the weights' (init_from={self.source})"
 
+    def choose_regularisation(self) -> None:
+        super().choose_regularisation()
+        self.head_only = round(FT_HEAD_ONLY * self.epochs)
+
     def overrides(self) -> dict:
         overrides = super().overrides()
         for key in ("patch_size", "stem", "embed_dim", "depth", "num_heads"):
             del overrides[f"model.arch.{key}"]  # the weights' (fine_tune.py), not the candidates'
-        self.head_only = round(FT_HEAD_ONLY * self.epochs)
         overrides["model.layer_decay"] = self.layer_decay
         overrides["model.freeze_backbone_epochs"] = self.head_only
         return overrides
 
-    def rows(self, overrides: dict) -> list[tuple[str, str, str]]:
-        rows = [r for r in super().rows(overrides) if r[0] != "measured"]
+    def route_rows(self) -> list[tuple[str, str, str]]:
         head = f", head only for {self.head_only} ep" if self.head_only else ""
         if self.literature:
             what = f"lr {self.lr:.3g} = {FT_LR_PER_256:g} x {self.batch}/256, layer decay {FT_LAYER_DECAY}{head}"
@@ -125,9 +128,10 @@ class FineTunePlanner(Planner):
         else:
             what = f"lr {self.lr:.3g} (the from-scratch plan's), no layer decay{head}"
             why = f"weights < {LITERATURE_WIDTH} wide: measured here"
-        rows.insert(-1, ("fine-tune", what, why + f", at most {FT_EPOCHS} epochs (docs/recipes.md)"))
-        rows.append(("measured", MEASURED_FINE_TUNE if self.literature else MEASURED_SMALL, "docs/recipes.md"))
-        return rows
+        return [("fine-tune", what, why + f", at most {FT_EPOCHS} epochs (docs/recipes.md)")]
+
+    def measured(self) -> str:
+        return MEASURED_FINE_TUNE if self.literature else MEASURED_SMALL
 
 
 def make_fine_tune_plan(fp, machine, budget_s=None, elapsed_s=0.0, speed_fn=None, *, arch: dict, source: str) -> Plan:

@@ -14,7 +14,8 @@ behind the numbers are in docs/recipes.md, "Real photos from ImageNet weights".
 from __future__ import annotations
 
 from vit.planning.fingerprint import Fingerprint
-from vit.planning.plan import CALIBRATION_BATCH, FORWARD_SHARE, TIERS, Plan, Planner
+from vit.planning.plan import Plan, Planner
+from vit.planning.rules import CALIBRATION_BATCH, FORWARD_SHARE, TIERS
 from vit.planning.speed import Machine
 
 # The route: the hybrid. On the cells at 15 minutes, folds 0-2 held out: 87.1 / 83.5% (accuracy / balanced) against
@@ -97,7 +98,7 @@ class HybridPlanner(Planner):
         return (2 * self.fp.n_train + 5 * self.fp.n_val) * FORWARD_SHARE / speed
 
     def spare_s(self) -> float:
-        return super().spare_s() - getattr(self, "after_fit", 0.0)
+        return super().spare_s() - self.after_fit
 
     def choose_precision(self) -> None:
         super().choose_precision()
@@ -154,22 +155,25 @@ class HybridPlanner(Planner):
             self.why_grid += f" ({first} px on the first timing, {self.img_size} px on its own)"
         self.why_model = f"the blocks on {self.cnn}'s stages to stride {self.patch} (hybrid)"
 
+    def choose_regularisation(self) -> None:
+        super().choose_regularisation()
+        self.warmup = 1  # the stages are trained already; the blocks warm up in one epoch
+
     def overrides(self) -> dict:
         overrides = super().overrides()
         overrides["model.stem_from"] = self.source
-        overrides["model.warmup_epochs"] = 1  # the stages are trained already; the blocks warm up in one epoch
         overrides["model.freeze_stem_epochs"] = HYBRID_FREEZE_STEM_EPOCHS
         return overrides
 
-    def rows(self, overrides: dict) -> list[tuple[str, str, str]]:
-        rows = [r for r in super().rows(overrides) if r[0] != "measured"]
+    def route_rows(self) -> list[tuple[str, str, str]]:
         what = (
             f"{self.source}: {self.cnn} to stride {self.patch} as the patch embedding, held still for "
             f"{HYBRID_FREEZE_STEM_EPOCHS} epoch, then fine-tuned end to end"
         )
-        rows.insert(-1, ("pretrained", what, f"the {HYBRID_ROUTE} route (docs/recipes.md)"))
-        rows.append(("measured", MEASURED_HYBRID, "docs/recipes.md"))
-        return rows
+        return [("pretrained", what, f"the {HYBRID_ROUTE} route (docs/recipes.md)")]
+
+    def measured(self) -> str:
+        return MEASURED_HYBRID
 
 
 def make_hybrid_plan(

@@ -12,7 +12,8 @@ majority class's share. Say which score matters to you; the plan's `objective` r
 from __future__ import annotations
 
 from vit.planning.fingerprint import Fingerprint
-from vit.planning.plan import LONG_TAIL_BALANCE, Plan
+from vit.planning.plan import Plan
+from vit.planning.rules import LONG_TAIL_BALANCE
 
 OBJECTIVES = ("auto", "accuracy", "balanced")
 BALANCED_RULE = "best checkpoint by val/acc_balanced, then post-hoc logit adjustment (tau from val, if beyond noise)"

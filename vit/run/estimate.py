@@ -102,7 +102,7 @@ class RunEstimate(L.Callback):
 
     def _timings(self, trainer, step_s: float) -> tuple[int, float, float]:
         """(steps left, seconds to the end, seconds to the next checkpoint: the end of this epoch's validation)."""
-        from vit.planning.plan import EPOCH_OVERHEAD, FORWARD_SHARE
+        from vit.planning.rules import EPOCH_OVERHEAD, FORWARD_SHARE
 
         train_batches = trainer.num_training_batches
         train_batches = int(train_batches) if train_batches != float("inf") else 0
@@ -120,7 +120,7 @@ class RunEstimate(L.Callback):
         return left, to_end, to_checkpoint
 
     def _report(self, trainer, pl_module, step_s: float) -> None:
-        from vit.planning.plan import EPOCH_OVERHEAD, FORWARD_SHARE
+        from vit.planning.rules import EPOCH_OVERHEAD, FORWARD_SHARE
 
         self.step_s = step_s
         train_batches = trainer.num_training_batches

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
-from vit.planning.plan import FIXED_S
+from vit.planning.rules import FIXED_S
 from vit.training.freezing import frozen_epochs
 from vit.training.schedules import lr_factor, schedule_warmup
 

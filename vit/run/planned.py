@@ -31,7 +31,8 @@ from vit.planning.fine_tune_plan import make_fine_tune_plan
 from vit.planning.fingerprint import fingerprint
 from vit.planning.hybrid_plan import make_hybrid_plan
 from vit.planning.objective import with_objective
-from vit.planning.plan import FIXED_S, Plan, make_plan, warmup_epochs
+from vit.planning.plan import Plan, make_plan
+from vit.planning.rules import FIXED_S, warmup_epochs
 from vit.planning.speed import Machine
 from vit.planning.start import choose_start
 from vit.run.fit_budget import FitBudget

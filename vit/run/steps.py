@@ -1,5 +1,6 @@
 """The steps `vit-train` adds around Lightning's, in the order they run; vit/commands/train.py parses and calls them.
 
+    check_ckpt_path the command line parsed: a checkpoint to resume or score is read as data before Lightning reads it
     before_build    the config parsed, nothing built: the DDP memory share, pretrained weights, the plan, precision
     before_fit      the trainer built: resume in place, checkpoint folders, split.csv, label issues, plan and budget
     after_fit       the best checkpoint's line, then calibration, logit adjustment, `unknown` and the test split
@@ -20,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from vit.evaluation.after_fit import after_fit_lines
 from vit.evaluation.label_issues import label_issue_finder
+from vit.model.checkpoint import load_checkpoint
 from vit.planning.explicit import explicit_keys, is_explicit
 from vit.planning.plan import Plan
 from vit.run.estimate import RunEstimate
@@ -34,6 +36,13 @@ Planned = tuple[Plan, float | None]  # apply_plan: the plan and its deadline (a 
 
 def _explicit(config, argv: Sequence[str]) -> set[str]:
     return explicit_keys(argv, [str(p) for p in (config.get("config") or [])])
+
+
+def check_ckpt_path(ckpt: str | None) -> None:
+    """Raise CheckpointError, naming the file, for a `--ckpt_path` that is missing, truncated or carries a pickle
+    (loaded with weights_only=True); "last" is found later (resume_target)."""
+    if ckpt and ckpt != "last":
+        load_checkpoint(ckpt)
 
 
 def before_build(config, subcommand: str | None, argv: Sequence[str]) -> tuple[Planned | None, str | None]:

@@ -1,8 +1,6 @@
 """The LightningModule's training arguments, checked when it is built: each bad value is one ValueError that names
 the field and the value (the architecture's own fields are checked by ViTConfig)."""
 
-from collections.abc import Mapping
-
 from vit.model.config import HYBRID_STEMS, ViTConfig
 from vit.training.teacher import check_teacher_name
 
@@ -29,18 +27,18 @@ SHARES = (
 )
 
 
-def check_arguments(arch: ViTConfig, hp: Mapping) -> None:
-    """ViTClassifier's arguments (`hp`, its hyper-parameters by name), checked at construction: a one-line ValueError
-    naming the field and the value."""
+def check_arguments(arch: ViTConfig, hp) -> None:
+    """ViTClassifier's arguments (`hp`, its hyper-parameters: Lightning's AttributeDict), checked at construction: a
+    one-line ValueError naming the field and the value."""
     for name in NUMBERS:
-        if hp[name] < 0:
-            raise ValueError(f"{name}={hp[name]} must be >= 0")
+        if getattr(hp, name) < 0:
+            raise ValueError(f"{name}={getattr(hp, name)} must be >= 0")
     for name in SHARES:
-        if not 0.0 <= hp[name] <= 1.0:
-            raise ValueError(f"{name}={hp[name]} must be in [0, 1]")
-    ema_decay, layer_decay, freeze_backbone_epochs = hp["ema_decay"], hp["layer_decay"], hp["freeze_backbone_epochs"]
-    freeze_stem_epochs, optimizer, schedule = hp["freeze_stem_epochs"], hp["optimizer"], hp["schedule"]
-    resize_from, class_names, teacher, task = hp["resize_from"], hp["class_names"], hp["teacher"], hp["task"]
+        if not 0.0 <= getattr(hp, name) <= 1.0:
+            raise ValueError(f"{name}={getattr(hp, name)} must be in [0, 1]")
+    ema_decay, layer_decay, freeze_backbone_epochs = hp.ema_decay, hp.layer_decay, hp.freeze_backbone_epochs
+    freeze_stem_epochs, optimizer, schedule = hp.freeze_stem_epochs, hp.optimizer, hp.schedule
+    resize_from, class_names, teacher, task = hp.resize_from, hp.class_names, hp.teacher, hp.task
     if not 0.0 <= ema_decay < 1.0:
         raise ValueError(f"ema_decay={ema_decay} must be in [0, 1)")
     if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
@@ -69,12 +67,12 @@ def check_arguments(arch: ViTConfig, hp: Mapping) -> None:
         if task != "multiclass":
             raise ValueError(f"teacher={teacher!r}: distillation takes one label an image, not task={task!r}")
         check_teacher_name(teacher)
-    if hp["drloc_weight"] and arch.patch_drop_rate:
+    if hp.drloc_weight and arch.patch_drop_rate:
         raise ValueError(
-            f"drloc_weight={hp['drloc_weight']} needs every token where it was: not with "
+            f"drloc_weight={hp.drloc_weight} needs every token where it was: not with "
             f"patch_drop_rate={arch.patch_drop_rate}"
         )
     if arch.dist_token and not teacher:
         raise ValueError("dist_token=true: the distillation token's head learns a teacher's class: set --model.teacher")
-    if hp["guidance_weight"] and not teacher:
-        raise ValueError(f"guidance_weight={hp['guidance_weight']} imitates a teacher's features: set --model.teacher")
+    if hp.guidance_weight and not teacher:
+        raise ValueError(f"guidance_weight={hp.guidance_weight} imitates a teacher's features: set --model.teacher")

@@ -4,7 +4,7 @@ import lightning as L
 
 
 class DataRecord(L.Callback):
-    """Writes the data config of the run into every checkpoint, as `checkpoint["data"]` ({"class_path", "init_args"},
+    """Writes the data config of the run into every checkpoint, under the key `data` ({"class_path", "init_args"},
     plain values, local paths made absolute): `vit-eval --split val` rebuilds the validation split exactly as
     training saw it from the file alone."""
 

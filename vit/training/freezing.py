@@ -25,7 +25,7 @@ def frozen_names(model: torch.nn.Module, epoch: int, hparams) -> set[str]:
     `freeze_backbone_epochs`, a CNN stem's in the first `freeze_stem_epochs`."""
     names = [name for name, _ in model.named_parameters()]
     frozen = {n for n in names if not n.startswith(HEADS)} if epoch < hparams.freeze_backbone_epochs else set()
-    if epoch < hparams.get("freeze_stem_epochs", 0):  # .get: checkpoints from before the field
+    if epoch < hparams.freeze_stem_epochs:
         frozen |= {n for n in names if n.startswith(STEM)}
     return frozen
 

@@ -12,11 +12,12 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.nn.utils import clip_grad_value_, clip_grads_with_norm_, get_total_norm
+from torch.nn.utils import get_total_norm
 
 from vit.data.device import IGNORE
 from vit.model.config import ViTConfig
 from vit.model.moe import MoEMlp
+from vit.model.record import rng_states_of
 from vit.model.start_weights import forget_weight_files, load_start_weights
 from vit.model.vision_transformer import VisionTransformer
 from vit.training.arguments import check_arguments
@@ -26,7 +27,7 @@ from vit.training.losses import LossTerms
 from vit.training.metrics import ConfusionCounts, TopKAccuracy, expert_usage_histograms
 from vit.training.multilabel import multilabel_loss, multilabel_metrics
 from vit.training.nonfinite import NonFiniteGuard, NonFiniteLossError, supports_found_inf
-from vit.training.optim import MuonWithAdamW, decay_groups, grads_of, params_with_grads, split_for_muon
+from vit.training.optim import build_optimizer, clip_on_device, grads_of
 from vit.training.rng import restore_rng_states, rng_states
 from vit.training.schedules import lr_factor, schedule_warmup, train_side
 from vit.training.teacher import LocalityGuidance, TeacherFit
@@ -189,13 +190,13 @@ class ViTClassifier(L.LightningModule):
 
     def configure_callbacks(self) -> list[L.Callback]:
         callbacks: list[L.Callback] = []
-        if self.hparams.get("ema_decay", 0.0) > 0:
+        if self.hparams.ema_decay > 0:
             from vit.training.ema import EMA  # Lightning's EMAWeightAveraging without its two host reads a step
 
             callbacks.append(EMA(decay=self.hparams.ema_decay))
-        if self.hparams.get("teacher"):
+        if self.hparams.teacher:
             hp = self.hparams
-            callbacks.append(TeacherFit(hp.teacher, hp.teacher_share, img_size=hp.get("teacher_img_size")))
+            callbacks.append(TeacherFit(hp.teacher, hp.teacher_share, img_size=hp.teacher_img_size))
         return callbacks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -245,7 +246,7 @@ class ViTClassifier(L.LightningModule):
             counts = torch.stack([m.expert_counts for m in self._moe_layers])  # (blocks, E) on the device
             self._expert_counts = self._expert_counts.to(counts.device) + counts
         loss = self.losses(logits, target, mixed=mixed, distill=distill, aux=aux, moe_aux=moe_aux)
-        if not mixed and self.hparams.get("task") != "multilabel":
+        if not mixed and self.hparams.task != "multilabel":
             # update only: one log of the epoch's accuracy in on_train_epoch_end instead of a self.log per step
             # (each costs Lightning an apply_to_collection over the metric), and no per-batch compute
             self.train_acc.update(logits.detach(), y.argmax(-1) if y.is_floating_point() else y)
@@ -288,12 +289,9 @@ class ViTClassifier(L.LightningModule):
             # 16-mixed: the gradients are still multiplied by the loss scale here; Lightning unscales before clipping
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
             return
-        params = params_with_grads(getattr(optimizer, "optimizer", optimizer))
-        if gradient_clip_algorithm == "value":
-            clip_grad_value_(params, gradient_clip_val, foreach=True)
-        else:
-            norm = self._grad_norm if self._grad_norm is not None else get_total_norm(grads_of(optimizer), foreach=True)
-            clip_grads_with_norm_(params, gradient_clip_val, norm, foreach=True)  # the coefficient stays on the device
+        clip_on_device(
+            getattr(optimizer, "optimizer", optimizer), gradient_clip_val, gradient_clip_algorithm, self._grad_norm
+        )
 
     def _check_nonfinite(self) -> None:
         """Read the device record (a sync; only where Lightning syncs anyway): stop naming the step, or count it."""
@@ -336,14 +334,14 @@ class ViTClassifier(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # Applied in on_train_start: the sanity-check validation in between must not shift the random stream.
-        self._rng_to_restore = checkpoint.get("rng_states")
+        self._rng_to_restore = rng_states_of(checkpoint)
         # Lightning restores a stateful train loader only if it did not build the loader earlier, and
         # `estimated_stepping_batches` (configure_optimizers) does build it: hand the position over ourselves.
         fit_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
         self._loader_state = fit_state.get("combined_loader") or None
 
     def on_fit_start(self) -> None:
-        tau = self.hparams.get("logit_adjust_tau", 0.0)
+        tau = self.hparams.logit_adjust_tau
         if tau > 0:
             counts = self.trainer.datamodule.class_counts() if self.trainer.datamodule is not None else None
             if counts is None:
@@ -365,7 +363,7 @@ class ViTClassifier(L.LightningModule):
     def _eval_step(self, batch, stage: str) -> None:
         x, y = batch
         logits = self(x)
-        if self.hparams.get("task") == "multilabel":  # (B, C) 0/1 targets: mAP and F1 instead of accuracy
+        if self.hparams.task == "multilabel":  # (B, C) 0/1 targets: mAP and F1 instead of accuracy
             scores = self.val_multi if stage == "val" else self.test_multi
             scores.update(logits, y.long())
             self.log(f"{stage}/loss", multilabel_loss(logits, y), prog_bar=True, sync_dist=True)
@@ -388,7 +386,7 @@ class ViTClassifier(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         """The mean recall over classes (what accuracy hides on an imbalanced folder) and macro F1, from the epoch's
         confusion counts (summed over ranks by torchmetrics)."""
-        if self.hparams.get("task") == "multilabel":
+        if self.hparams.task == "multilabel":
             return
         if self.val_counts.update_called:
             balanced, f1 = self.val_counts.compute()
@@ -419,24 +417,22 @@ class ViTClassifier(L.LightningModule):
         # Phases by the share of the epochs done (max_epochs as it stands: FitBudget may resize it).
         done = self.current_epoch / max(1, self.trainer.max_epochs or 1)
         hp = self.hparams
-        self._train_side = train_side(self.model.cfg, hp.get("resize_from", 0), hp.get("resize_until", 0.5), done)
+        self._train_side = train_side(self.model.cfg, hp.resize_from, hp.resize_until, done)
         if self.model.patch_drop is not None:
-            on = done < self.hparams.get("patch_drop_until", 1.0)
+            on = done < self.hparams.patch_drop_until
             self.model.patch_drop.prob = self.model.cfg.patch_drop_rate if on else 0.0
 
     def configure_optimizers(self):
         hp = self.hparams
-        param_groups = decay_groups(self.model, hp.lr, hp.weight_decay, hp.layer_decay)
-        for aux in (self.drloc, self.guidance):  # AdamW's in either case (Muon's matrices are the ViT's own)
-            if aux is not None:
-                param_groups.append({"params": list(aux.parameters()), "weight_decay": hp.weight_decay})
-        if hp.get("optimizer", "adamw") == "muon":
-            muon, adamw = split_for_muon(self.model, param_groups)
-            optimizer = MuonWithAdamW(muon, adamw, lr=hp.lr, betas=tuple(hp.betas))
-        else:
-            # fused: one kernel for all parameters; on CPU the default is a Python loop per tensor (measured 0.7 s
-            # of an 8.7 s digits run in _single_tensor_adam)
-            optimizer = torch.optim.AdamW(param_groups, lr=hp.lr, betas=tuple(hp.betas), fused=True)
+        optimizer = build_optimizer(
+            self.model,
+            [aux for aux in (self.drloc, self.guidance) if aux is not None],
+            optimizer=hp.optimizer,
+            lr=hp.lr,
+            weight_decay=hp.weight_decay,
+            layer_decay=hp.layer_decay,
+            betas=tuple(hp.betas),
+        )
         total = max(1, int(self.trainer.estimated_stepping_batches))
         steps_per_epoch = total / max(1, self.trainer.max_epochs or 1)
         warmup = schedule_warmup(hp.warmup_epochs, steps_per_epoch, total, self.trainer.max_epochs)
