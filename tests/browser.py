@@ -145,7 +145,8 @@ def tensorboard(logdir: Path):
 # TensorBoard's images dashboard, drawn: the attention/* tags on the page and the images loaded (their widths), null
 # until there is at least one of each. Its Polymer elements keep both inside shadow roots, walked here.
 TB_ATTENTION_IMAGES = """(() => {
-  const all = [], walk = root => root.querySelectorAll('*').forEach(e => { all.push(e); if (e.shadowRoot) walk(e.shadowRoot); });
+  const all = [];
+  const walk = root => root.querySelectorAll('*').forEach(e => { all.push(e); if (e.shadowRoot) walk(e.shadowRoot); });
   walk(document);
   const text = all.filter(e => e.children.length === 0).map(e => e.textContent).join(' ');
   const tags = [...new Set(text.match(/attention\\/[\\w/]+/g) || [])];

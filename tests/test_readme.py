@@ -111,6 +111,12 @@ def test_readme_is_short():
     assert not wide, wide
 
 
+def test_the_readme_names_no_run_folder_that_is_only_right_the_first_time():
+    """`version_0` is the first run's folder only; commands take a run's folder or name (`--ckpt checkpoints/folder`:
+    its newest best checkpoint) or say `version_N`."""
+    assert "version_0" not in README
+
+
 COMMAND_PARSERS = {
     "vit-predict": predict.build_parser,
     "vit-eval": evaluate.build_parser,

@@ -53,8 +53,8 @@ HYBRID_FREEZE_STEM_EPOCHS = 1
 # batch (not measured).
 HYBRID_BATCH = 32
 MEASURED_HYBRID = (
-    "1,181 300-px cells, held out: 15 min 83.0-89.6%, balanced 82.2-85.2% (Xeon with AMX), 83.6-87.0%, balanced "
-    "78.1-81.0% (AVX2 EPYC, fp32); 5 min 77.1-87.4% / 71.4-83.1% (Xeon), 76.8-84.8% / 76.8-80.4% (EPYC)"
+    "1,181 300-px cells, held out: 15 min 83.0-89.6%, balanced 82.2-85.2% (Xeon with AMX), 83.3-86.6%, balanced "
+    "78.6-81.8% (AVX2 EPYC, fp32); 5 min 77.1-87.4% / 71.4-83.1% (Xeon), 76.8-84.8% / 76.8-80.4% (EPYC)"
 )
 
 
