@@ -7,13 +7,26 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from websockets.sync.client import connect
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+# A page test needs Debian's chromium; without it the test skips and says why
+needs_chromium = pytest.mark.skipif(
+    chromium() is None,
+    reason="needs Debian's chromium (`apt-get install chromium`; .ci/run installs it): no chromium on PATH",
+)
 
 # As root in a container: no sandbox; and no background traffic (the network is closed here).
 FLAGS = [

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from browser import chromium, needs_chromium
 from PIL import Image
 
 from vit.commands.predict import main as predict_main
@@ -322,14 +323,7 @@ def test_a_checkpoint_carrying_a_pickle_is_refused_at_start(smoke_ckpt, tmp_path
     assert len(err.strip().splitlines()) == 1
 
 
-def chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(
-    chromium() is None,
-    reason="needs Debian's chromium (`apt-get install chromium`; .ci/run installs it): no chromium on PATH",
-)
+@needs_chromium
 def test_the_page_in_a_real_browser_shows_the_top_label_and_the_overlay(server, images, tmp_path):
     """Headless Chromium opens the page and uploads a digit through its file input (driven over the DevTools
     protocol); the bars and the relevance overlay appear, and a screenshot is taken."""

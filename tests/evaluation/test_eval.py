@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from browser import chromium, needs_chromium
 from PIL import Image
 
 from vit.commands.eval import main
@@ -262,14 +263,7 @@ def test_python_dash_m_entry(smoke_ckpt, labelled, tmp_path, monkeypatch, capsys
     assert "80 images: top-1" in capsys.readouterr().out and (tmp_path / "index.html").is_file()
 
 
-def chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(
-    chromium() is None,
-    reason="needs Debian's chromium (`apt-get install chromium`; .ci/run installs it): no chromium on PATH",
-)
+@needs_chromium
 def test_the_page_renders_in_a_real_browser_with_nothing_fetched_and_no_console_error(report, tmp_path):
     from browser import Browser
 

@@ -1,24 +1,16 @@
 """The card's third use, looked at where a user looks: TensorBoard's own page, served from a run's logs, shows the
 attention maps the AttentionMapCallback wrote (headless Chromium, driven over the DevTools protocol)."""
 
-import shutil
 from pathlib import Path
 
-import pytest
+from browser import chromium, needs_chromium
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "docs" / "tensorboard_maps.png"
 
 
-def chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(
-    chromium() is None,
-    reason="needs Debian's chromium (`apt-get install chromium`; .ci/run installs it): no chromium on PATH",
-)
+@needs_chromium
 def test_tensorboard_shows_the_attention_maps_of_a_run(smoke_run, tmp_path):
     from browser import TB_ATTENTION_IMAGES, Browser, tensorboard
 
