@@ -20,8 +20,10 @@ train: .venv/.installed
 # Two workers (one torch thread each), a file's expensive fixture on one of them (--dist loadgroup): pytest 205-221 s
 # on a 2-core Intel Xeon with AMX (780 tests; the machine's speed moves 1.5x between hours), ~2x that on an AVX2-only
 # EPYC (docs/testing.md); `pytest -x tests/test_x.py` for one file
+# env -u PYTHONDONTWRITEBYTECODE: the workers, and the commands the tests start, read vit/ and the rewritten tests
+# from __pycache__ instead of compiling them each time (a worker's collection: 18.5 s without, 12.5-14 s with)
 test: .venv/.installed
-	$(PY) -m pytest -n 2 --dist loadgroup
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -n 2 --dist loadgroup
 
 lint: .venv/.installed
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .

@@ -109,8 +109,10 @@ def test_init_from_cnn_weights_plans_and_trains_the_hybrid(in_tmp, monkeypatch):
     monkeypatch.setattr("vit.run.planned.process_start", time.time)
     root = in_tmp / "digits"
     write_digits_folder(root, limit=120, val_size=30)
+    # two epochs (the frozen one, then one that trains the CNN): the plan is what is checked, not its training
     flags = ["fit", "--data.root", str(root), "--model.init_from", LITE0, "--budget", "40s",
-             "--trainer.enable_progress_bar", "false", "--attention_maps.every_n_epochs", "0"]  # fmt: skip
+             "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false",
+             "--attention_maps.every_n_epochs", "0"]  # fmt: skip
     cli = train.main(flags)
     model = cli.model.model
     assert model.cfg.stem == "tf_efficientnet_lite0" and model.cfg.patch_size == HYBRID_PATCH

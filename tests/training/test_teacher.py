@@ -12,7 +12,14 @@ from safetensors.torch import save_file
 import train
 from vit.model.config import ViTConfig
 from vit.training.module import ViTClassifier
-from vit.training.teacher import TEACHER_FILE, Teacher, TeacherFit, check_teacher_name, load_teacher
+from vit.training.teacher import (
+    TEACHER_FILE,
+    Teacher,
+    TeacherFit,
+    check_teacher_name,
+    epoch_batches,
+    load_teacher,
+)
 
 TINY = ViTConfig(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4)
 
@@ -72,7 +79,18 @@ def test_a_teacher_file_reloads_with_the_same_answers_and_a_wrong_one_is_named(t
 
 def test_fit_trains_the_teacher_first_saves_it_and_a_second_run_reuses_the_file(in_tmp, monkeypatch):
     args = ["fit", "--config", SMOKE, "--attention_maps.every_n_epochs", "0", "--trainer.enable_progress_bar", "false"]
+    callers = []  # who asked the teacher: its own epoch (train), its scoring (score) or the student's loss
+    forward = Teacher.forward
+
+    def counted(self, x):
+        callers.append(next(f.function for f in inspect.stack() if f.function in ("forward_train", "score", "train")))
+        return forward(self, x)
+
+    monkeypatch.setattr(Teacher, "forward", counted)
     cli = train.main([*args, "--model.teacher", "test_resnet", "--model.teacher_share", "0.5"])
+    # its epoch and its validation pass are the student's: 4 and 2 batches (smoke.yaml's limit_*_batches)
+    assert callers.count("train") == 4 and callers.count("score") == 2
+    callers.clear()
     folder = in_tmp / "checkpoints" / "smoke" / "version_0"
     ckpt = torch.load(folder / "last.ckpt", weights_only=True)
     record = ckpt["teacher"]
@@ -82,20 +100,12 @@ def test_fit_trains_the_teacher_first_saves_it_and_a_second_run_reuses_the_file(
     assert all(k.startswith("model.") for k in ckpt["state_dict"])  # the ViT alone
     assert not cli.model.teacher.training and not any(p.requires_grad for p in cli.model.teacher.parameters())
 
-    callers = []  # who asked the teacher: the student's loss (forward_train) or the teacher's own scoring (score)
-    forward = Teacher.forward
-
-    def counted(self, x):
-        callers.append(next(f.function for f in inspect.stack() if f.function in ("forward_train", "score")))
-        return forward(self, x)
-
-    monkeypatch.setattr(Teacher, "forward", counted)
     train.main([*args, "--model.teacher", str(folder / TEACHER_FILE)])
     again = in_tmp / "checkpoints" / "smoke" / "version_1"
     assert torch.load(again / "last.ckpt", weights_only=True)["teacher"]["epochs"] == record["epochs"]
     assert not (again / TEACHER_FILE).exists()  # reused, not trained again
     assert callers.count("forward_train") == 2 * 4  # every training step of the 2 epochs of 4 batches
-    assert callers.count("score") >= 1
+    assert callers.count("score") >= 1 and callers.count("train") == 0
 
     def no_training(*args):
         raise AssertionError("a resumed run trained a second teacher")
@@ -104,6 +114,10 @@ def test_fit_trains_the_teacher_first_saves_it_and_a_second_run_reuses_the_file(
     cli = train.main([*args, "--model.teacher", "test_resnet", "--ckpt_path", str(folder / "last.ckpt"),
                       "--trainer.max_epochs", "3"])  # fmt: skip
     assert cli.trainer.current_epoch == 3 and cli.model.teacher_record["epochs"] == record["epochs"]
+
+
+def test_an_epoch_counts_batches_as_lightnings_limit_train_batches_does():
+    assert [epoch_batches(10, limit) for limit in (None, 4, 40, 0.25, 1.0, 0.01)] == [10, 4, 10, 2, 10, 1]
 
 
 def test_the_distillation_token_learns_the_teachers_class_and_the_class_head_the_labels():

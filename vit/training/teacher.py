@@ -2,8 +2,9 @@
 
 `--model.teacher regnetx_002` names a small timm CNN. When fit starts, `TeacherFit` trains it from scratch on the run's
 own training batches (the same augmentation, on the same device) for `teacher_share` of the time left before the
-budget's deadline (without a budget: that share of max_epochs, at least one epoch), scores it on the validation
-images, freezes it and hands it to the module. The ViT's training loss then is
+budget's deadline (without a budget: that share of max_epochs, at least one epoch; an epoch and the validation pass as
+`limit_train_batches` and `limit_val_batches` count them), scores it on the validation images, freezes it and hands
+it to the module. The ViT's training loss then is
 
     (1 - w) * CE(logits, labels) + w * CE(logits, the teacher's predicted class on the same augmented batch)
 
@@ -19,6 +20,7 @@ every student epoch ~3x slower; RegNetX-200MF trains at ~2x and infers at ~0.4x 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -194,6 +196,17 @@ def check_teacher_name(name: str) -> None:
         raise ValueError(f"teacher={name!r}: neither a timm model name (timm.list_models()) nor a .safetensors file")
 
 
+def epoch_batches(n: int, limit: int | float | None) -> int:
+    """The batches of one of the teacher's epochs: the student's, as Lightning's `limit_train_batches` counts them
+    (an int: that many; a float: that share of the loader; None: all). The trainer's own count is set only after
+    `on_fit_start`, where the teacher trains."""
+    if limit is None:
+        return n
+    if isinstance(limit, int):
+        return max(1, min(n, limit))
+    return max(1, int(n * limit))
+
+
 class TeacherFit(L.Callback):
     """Trains (or loads) the module's teacher when fit starts; see the module docstring.
 
@@ -241,7 +254,9 @@ class TeacherFit(L.Callback):
             teacher.to(pl_module.device)
             self.record = self.train(teacher, dm.train_dataloader(), trainer, pl_module.device, mean, std)
         teacher.to(pl_module.device).eval().requires_grad_(False)
-        self.record.update(self.score(teacher, dm.val_dataloader(), pl_module.device, mean, std))
+        val = dm.val_dataloader()
+        limit = epoch_batches(len(val), trainer.limit_val_batches)
+        self.record.update(self.score(teacher, itertools.islice(val, limit), pl_module.device, mean, std))
         self.record = {"name": self.name, **self.record}
         if trainer.is_global_zero:
             r = self.record
@@ -264,6 +279,7 @@ class TeacherFit(L.Callback):
         deadline = next((cb.deadline for cb in trainer.callbacks if getattr(cb, "deadline", None)), None)
         seconds = (deadline - start) * self.share if deadline is not None else None
         epochs = None if seconds is not None else max(1, round(self.share * (trainer.max_epochs or 1)))
+        per_epoch = epoch_batches(len(batches), trainer.limit_train_batches)
         opt = torch.optim.AdamW(teacher.parameters(), lr=self.lr, weight_decay=0.05)
         teacher.train()
         done, epoch, steps = 0.0, 0, 0
@@ -274,8 +290,8 @@ class TeacherFit(L.Callback):
                 if seconds is not None:
                     done = (self.clock() - start) / seconds
                 else:
-                    done = (epoch + steps / len(batches)) / epochs
-                if done >= 1:
+                    done = (epoch + steps / per_epoch) / epochs
+                if done >= 1 or steps >= per_epoch:
                     break
                 for group in opt.param_groups:
                     group["lr"] = self.lr * 0.5 * (1 + math.cos(math.pi * done))
