@@ -17,6 +17,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -79,7 +80,7 @@ def main() -> None:
         model, hp = load_model(a.ckpt)
     else:
         model = VisionTransformer(img_size=32, patch_size=4, embed_dim=384, depth=7, num_heads=6).eval()
-        hp = {"img_size": 32, "in_chans": 3, "mean": [0.5] * 3, "std": [0.5] * 3}
+        hp = SimpleNamespace(img_size=32, in_chans=3, mean=[0.5] * 3, std=[0.5] * 3)
     model = model.eval()
     data = labelled_images(a.data, hp, a.limit) if a.data and a.ckpt else None
     size, chans = hp.img_size, hp.in_chans
@@ -87,15 +88,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         fp32 = export(model, "onnx", Path(tmp, "fp32.onnx"), size, chans)
         dynamic = quantize_int8(fp32, Path(tmp, "dynamic.onnx"))
+        every = quantize_int8(fp32, Path(tmp, "every.onnx"), op_types=None)
         static = static_int8(fp32, Path(tmp, "static.onnx"), calibration)
         runners = {
             "torch": model,
             "onnx_fp32": OnnxClassifier(fp32, a.threads),
             "onnx_int8_dynamic": OnnxClassifier(dynamic, a.threads),
+            "onnx_int8_dynamic_every_op": OnnxClassifier(every, a.threads),
             "onnx_int8_static": OnnxClassifier(static, a.threads),
         }
         sizes_mb = {k: round(Path(p).stat().st_size / 2**20, 2) for k, p in
-                    (("onnx_fp32", fp32), ("onnx_int8_dynamic", dynamic), ("onnx_int8_static", static))}  # fmt: skip
+                    (("onnx_fp32", fp32), ("onnx_int8_dynamic", dynamic), ("onnx_int8_dynamic_every_op", every),
+                     ("onnx_int8_static", static))}  # fmt: skip
         x = torch.randn(a.batch_size, chans, size, size)
         speeds = {k: [] for k in runners}
         with torch.inference_mode():
@@ -115,6 +119,7 @@ def main() -> None:
             "rounds": a.rounds,
             "images_per_s": {k: round(v, 1) for k, v in med.items()},
             "int8_dynamic_over_fp32_onnx": round(med["onnx_int8_dynamic"] / med["onnx_fp32"], 2),
+            "int8_dynamic_every_op_over_fp32_onnx": round(med["onnx_int8_dynamic_every_op"] / med["onnx_fp32"], 2),
             "int8_static_over_fp32_onnx": round(med["onnx_int8_static"] / med["onnx_fp32"], 2),
             "int8_dynamic_over_torch": round(med["onnx_int8_dynamic"] / med["torch"], 2),
             "file_mb": sizes_mb,
