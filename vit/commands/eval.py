@@ -23,10 +23,10 @@ from vit.commands.command_line import device_flag, model_flags
 from vit.data.transforms import DataError
 from vit.deployment.evaluate import EvalSet, batches_for, evaluate_multilabel, ood_scores, progress, unknown_lines
 from vit.deployment.predict import pick_device
+from vit.evaluation.confusion_image import confusion_image, png
 from vit.evaluation.galleries import label_issue_gallery, top_losses
 from vit.evaluation.ood_metrics import FeatureTap, ood_report, rejection_report
 from vit.evaluation.report import (
-    confusion_figure,
     metrics_of,
     png_bytes,
     prediction_rows,
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     write_predictions(out / "predictions.csv", ids, rows, classes)
     write_per_class(out / "per_class.csv", metrics)
     figures = {
-        "confusion_matrix.png": png_bytes(confusion_figure(torch.tensor(metrics["confusion_matrix"]), classes)),
+        "confusion_matrix.png": png(confusion_image(torch.tensor(metrics["confusion_matrix"]), classes)),
         "reliability.png": png_bytes(reliability_figure(rows, metrics)),
         "top_losses.png": top_losses(model, scored, rows, classes, record, device, ids),
     }

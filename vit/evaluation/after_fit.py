@@ -13,10 +13,10 @@ from torchmetrics.functional.classification import multiclass_confusion_matrix
 
 from vit.data.base import ImageClassificationData, whole_train_batches, whole_val_batches
 from vit.evaluation.calibration import calibration_report, fit_temperature, probabilities
+from vit.evaluation.confusion_image import confusion_image, pixels
 from vit.evaluation.image_features import features_of
 from vit.evaluation.logit_adjustment import BOOTSTRAPS, GATE, adjust_checkpoints
 from vit.evaluation.map_callback import add_png
-from vit.evaluation.report import confusion_figure, figure_pixels
 from vit.evaluation.scores import balanced_accuracy
 from vit.evaluation.unknown import ACCEPT, rejection_record
 from vit.model.checkpoint import unknown_of
@@ -159,7 +159,7 @@ def calibration_lines(best: dict, dm: ImageClassificationData, tb: TensorBoardLo
         writer = tb.experiment
         for key in ("ece", "ece_uncalibrated", "temperature", "nll", "nll_uncalibrated"):
             writer.add_scalar(f"eval/{key}", report[key], step)
-        add_png(writer, "eval/confusion_matrix", figure_pixels(confusion_figure(cm, list(dm.class_names))), step)
+        add_png(writer, "eval/confusion_matrix", pixels(confusion_image(cm, list(dm.class_names))), step)
         for name, r in zip(dm.class_names, recall.tolist()):
             writer.add_scalar(f"eval/acc_per_class/{name}", r, step)
         writer.flush()

@@ -3,11 +3,12 @@
     scored = score(model, batches, device, temperature)        # logits (N, C), targets, the worst images
     rows = prediction_rows(scored.logits, scored.targets, temperature)   # per image: pred, prob, loss, ...
     metrics = metrics_of(rows, classes, temperature)           # metrics.json; recomputes from predictions.csv
-    confusion_figure(torch.tensor(metrics["confusion_matrix"]), classes)
+    confusion_image(torch.tensor(metrics["confusion_matrix"]), classes)   # vit.evaluation.confusion_image
 
 Every number of metrics.json is a function of the per-image rows written to predictions.csv (`read_predictions`
 gives them back exactly), so the file and the table always agree. Metrics come from torchmetrics, figures from
-matplotlib. The command is vit/commands/eval.py; training logs the confusion matrix with the same functions.
+matplotlib, the confusion matrix from PIL (vit/evaluation/confusion_image.py, which training logs too). The command
+is vit/commands/eval.py.
 """
 
 import base64
@@ -21,7 +22,6 @@ import matplotlib
 
 matplotlib.use("Agg")  # files and TensorBoard only: no display
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torchmetrics.functional.classification import (  # noqa: E402
@@ -187,44 +187,6 @@ def write_per_class(path: Path, metrics: dict) -> None:
 
 
 # --- figures -------------------------------------------------------------------------------------------------------
-
-
-def confusion_figure(cm: torch.Tensor, classes: list[str]):
-    """Counts and row-normalised shares side by side, class names on the axes (smaller type for many classes)."""
-    n = len(classes)
-    side = min(14.0, 3.0 + 0.28 * n)
-    font = max(3.0, min(9.0, 260 / max(n, 1)))
-    fig, axes = plt.subplots(1, 2, figsize=(2 * side + 1, side), dpi=100 if n <= 40 else 150)
-    shares = cm.double() / cm.sum(dim=1, keepdim=True).clamp(min=1)
-    panels = ((axes[0], cm, "counts"), (axes[1], shares, "share of the true class"))
-    for ax, values, title in panels:
-        ax.imshow(values.numpy(), cmap="Blues")
-        ax.set_title(title)
-        ax.set_xlabel("predicted")
-        ax.set_ylabel("true")
-        ax.set_xticks(range(n), classes, rotation=90, fontsize=font)
-        ax.set_yticks(range(n), classes, fontsize=font)
-    # The layout before the numbers: they sit inside the axes and move nothing, and tight_layout measures every text
-    # it is given (with the 200 numbers of 10 classes, half the figure's time)
-    fig.tight_layout()
-    if n <= 20:  # numbers in the cells while they stay legible
-        for ax, values, _ in panels:
-            half = values.max().item() / 2
-            for k, v in enumerate(values.flatten().tolist()):  # row-major: cell (k // n, k % n)
-                i, j = divmod(k, n)
-                text = f"{v:.2f}" if values.is_floating_point() else str(int(v))
-                ax.text(j, i, text, ha="center", va="center", fontsize=font, color="white" if v > half else "black")
-    return fig
-
-
-def figure_pixels(fig) -> torch.Tensor:
-    """The figure drawn once by Agg, closed: (3, H, W) uint8 for TensorBoard (vit.evaluation.map_callback.add_png).
-    add_figure converts the pixels to float, clips and encodes at PNG level 6: CIFAR-100's 4350 x 2100 confusion
-    matrix took 4.6 s there on a 2-core CPU, about 2 s this way."""
-    fig.canvas.draw()
-    rgba = torch.from_numpy(np.asarray(fig.canvas.buffer_rgba()).copy())  # (H, W, 4)
-    plt.close(fig)
-    return rgba[..., :3].permute(2, 0, 1)
 
 
 def reliability_bins(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS):
