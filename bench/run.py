@@ -160,6 +160,7 @@ def case_data(device, rounds: int, tmp: Path) -> list[dict]:
     from torchvision.transforms import v2
 
     from vit.data.device import DeviceBatches
+    from vit.data.transforms import Augmentation
 
     mean, std = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
     tf = v2.Compose(
@@ -182,9 +183,8 @@ def case_data(device, rounds: int, tmp: Path) -> list[dict]:
         pin_memory=device.type == "cuda",
     )
     images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous().to(device)
-    fast = DeviceBatches(
-        images, torch.tensor(ds.targets, device=device), 256, mean, std, train=True, crop_padding=4, hflip=True
-    )
+    crop_flip = Augmentation(crop_padding=4, hflip=True)
+    fast = DeviceBatches(images, torch.tensor(ds.targets, device=device), 256, mean, std, True, crop_flip)
 
     return _loader_vs_batches(loader, fast, device, rounds, "data path img/s", ">= 10")
 
@@ -195,8 +195,8 @@ def case_augment(device, rounds: int, tmp: Path) -> list[dict]:
     from torch.utils.data import DataLoader
     from torchvision.transforms import v2
 
-    from vit.data.augment import BatchAutoAugment
     from vit.data.device import DeviceBatches
+    from vit.data.transforms import Augmentation
 
     mean, std = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
     tf = v2.Compose(
@@ -220,10 +220,9 @@ def case_augment(device, rounds: int, tmp: Path) -> list[dict]:
         mean,
         std,
         train=True,
-        crop_padding=4,
-        hflip=True,
-        auto_augment=BatchAutoAugment("autoaugment_cifar10"),
-        erasing=0.25,
+        augmentation=Augmentation(
+            crop_padding=4, hflip=True, auto_augment="autoaugment", autoaugment_policy="cifar10", erasing=0.25
+        ),
     )
 
     return _loader_vs_batches(loader, ours, device, rounds, "augmentation img/s, CIFAR recipe", ">= 20 (floor 10)")

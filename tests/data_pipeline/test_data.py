@@ -83,7 +83,8 @@ def test_cifar_is_torch_cifar10_with_cifars_defaults_and_upsamples_after_augment
                                  crop_padding=4, hflip=True)  # fmt: skip
     assert isinstance(cifar, TorchvisionDataModule) and (cifar.img_size, cifar.class_names) == (64, CIFAR10_CLASSES)
     assert cifar.memory["train"][0].shape == (20, 3, 32, 32) == same.memory["train"][0].shape  # 32 px in memory
-    assert (cifar.mean, cifar.crop_padding, cifar.hflip) == (same.mean, same.crop_padding, same.hflip)
+    assert cifar.mean == same.mean and cifar.augmentation.crop_padding == same.augmentation.crop_padding == 4
+    assert cifar.augmentation.hflip and same.augmentation.hflip
     for split in ("train", "val"):
         torch.manual_seed(0)
         a = next(iter(cifar._device_batches(split)))

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from vit.data.crops import crop_flip, crop_flip_params
 from vit.data.device import DeviceBatches
 from vit.data.digits import DigitsDataModule
+from vit.data.transforms import Augmentation, train_transform
 
 
 def random_crop_flip(x: torch.Tensor, padding: int, hflip: bool, generator: torch.Generator) -> torch.Tensor:
@@ -16,6 +17,7 @@ def random_crop_flip(x: torch.Tensor, padding: int, hflip: bool, generator: torc
 
 
 MEAN, STD = (0.2, 0.3, 0.4), (0.5, 0.6, 0.7)
+FLIP_CROP = Augmentation(crop_padding=2, hflip=True)
 
 
 def _images(n=40, size=8, seed=0):
@@ -43,7 +45,7 @@ def _views(img, padding):
 
 def test_batches_have_the_right_shape_type_and_range():
     images, targets = _images()
-    batches = list(DeviceBatches(images, targets, 16, MEAN, STD, train=True, crop_padding=2, hflip=True))
+    batches = list(DeviceBatches(images, targets, 16, MEAN, STD, train=True, augmentation=FLIP_CROP))
     assert len(batches) == 2  # drop_last on train: 40 -> 2 full batches
     for x, y in batches:
         assert x.shape == (16, 3, 8, 8) and x.dtype == torch.float32 and y.dtype == torch.long
@@ -56,7 +58,7 @@ def test_crops_and_flips_are_real_and_follow_random_crop_semantics():
     ids = torch.arange(len(images))  # targets as ids: each output can be traced back to its source image
     offsets, flips = set(), set()
     for epoch in range(5):
-        batches = DeviceBatches(images, ids, 8, MEAN, STD, train=True, crop_padding=2, hflip=True, seed=3)
+        batches = DeviceBatches(images, ids, 8, MEAN, STD, train=True, augmentation=FLIP_CROP, seed=3)
         batches.set_epoch(epoch)
         for x, y in batches:
             for out, i in zip(_raw(x), y.tolist()):
@@ -70,8 +72,8 @@ def test_crops_and_flips_are_real_and_follow_random_crop_semantics():
 
 def test_another_epoch_gives_other_batches_and_the_same_seed_the_same():
     images, targets = _images()
-    a = DeviceBatches(images, targets, 8, MEAN, STD, train=True, crop_padding=2, hflip=True, seed=1)
-    b = DeviceBatches(images, targets, 8, MEAN, STD, train=True, crop_padding=2, hflip=True, seed=1)
+    a = DeviceBatches(images, targets, 8, MEAN, STD, train=True, augmentation=FLIP_CROP, seed=1)
+    b = DeviceBatches(images, targets, 8, MEAN, STD, train=True, augmentation=FLIP_CROP, seed=1)
     first = [x for x, _ in a]
     assert all(torch.equal(x, y) for x, (y, _) in zip(first, b))
     a.set_epoch(1)
@@ -82,15 +84,13 @@ def test_another_epoch_gives_other_batches_and_the_same_seed_the_same():
 
 def test_a_restored_epoch_continues_with_the_same_batches():
     """The epoch's augmentation is drawn at once: a loader restored mid-epoch gives exactly the batches it had left."""
-    from vit.data.augment import BatchAutoAugment
-
     images, targets = _images(n=48, size=12)
 
     def loader():
-        aug = BatchAutoAugment("autoaugment_cifar10")
-        return DeviceBatches(
-            images, targets, 8, MEAN, STD, train=True, crop_padding=2, hflip=True, auto_augment=aug, erasing=0.5, seed=4
+        aug = Augmentation(
+            crop_padding=2, hflip=True, auto_augment="autoaugment", autoaugment_policy="cifar10", erasing=0.5
         )
+        return DeviceBatches(images, targets, 8, MEAN, STD, train=True, augmentation=aug, seed=4)
 
     a = loader()
     a.set_epoch(3)
@@ -149,7 +149,6 @@ def test_a_training_step_dispatches_as_many_operators_at_batch_8_as_at_64():
     import numpy as np
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from vit.data.augment import BatchAutoAugment
     from vit.training.module import ViTClassifier
 
     class Count(TorchDispatchMode):
@@ -172,10 +171,9 @@ def test_a_training_step_dispatches_as_many_operators_at_batch_8_as_at_64():
             MEAN,
             STD,
             train=True,
-            crop_padding=4,
-            hflip=True,
-            auto_augment=BatchAutoAugment("autoaugment_cifar10"),
-            erasing=0.25,
+            augmentation=Augmentation(
+                crop_padding=4, hflip=True, auto_augment="autoaugment", autoaugment_policy="cifar10", erasing=0.25
+            ),
         )
         module = ViTClassifier(arch=dict(embed_dim=32, depth=2, num_heads=2), mixup_alpha=0.8, cutmix_alpha=1.0)
         opt = torch.optim.AdamW(module.parameters(), fused=True)
@@ -195,7 +193,8 @@ def test_quarter_turns_and_flips_give_each_image_one_of_its_eight_poses_all_of_t
     images, targets = _images(n=64)
     targets = torch.arange(64)  # which image each output is
     seen = set()
-    batches = DeviceBatches(images, targets, 64, MEAN, STD, train=True, hflip=True, rot90=True, drop_last=False)
+    turns = Augmentation(hflip=True, rot90=True)
+    batches = DeviceBatches(images, targets, 64, MEAN, STD, train=True, augmentation=turns, drop_last=False)
     for epoch in range(2):
         batches.set_epoch(epoch)
         for x, y in batches:
@@ -209,10 +208,8 @@ def test_quarter_turns_and_flips_give_each_image_one_of_its_eight_poses_all_of_t
 
 
 def test_the_torchvision_path_turns_the_same_way():
-    from vit.data.transforms import train_transform
-
     img = torch.arange(3 * 6 * 6, dtype=torch.uint8).view(3, 6, 6)
-    tf = train_transform(6, MEAN, STD, crop_padding=0, hflip=False, rot90=True)
+    tf = train_transform(6, MEAN, STD, Augmentation(rot90=True))
     torch.manual_seed(0)
     outs = {tuple(_raw(tf(img)).flatten().tolist()) for _ in range(40)}
     assert outs == {tuple(torch.rot90(img.float(), k, (-2, -1)).flatten().tolist()) for k in range(4)}
@@ -234,3 +231,18 @@ def test_predict_normalises_to_the_same_floats_as_the_training_batches():
     given = images.float()
     normalize(given, mean, std)
     assert torch.equal(given, images.float())  # a float input is copied, not normalised in place
+
+
+def test_one_augmentation_feeds_both_paths_and_an_unknown_policy_is_one_line():
+    """A DataModule declares its augmentation once (vit.data.transforms.Augmentation): the per-image transforms and
+    the batched loader draw from the same fields."""
+    aug = Augmentation(hflip=True, rot90=True, rrc_scale=(0.5, 1.0), erasing=0.25)
+    names = [type(t).__name__ for t in train_transform(8, MEAN, STD, aug).transforms]
+    assert names[:2] == ["RandomResizedCrop", "RandomHorizontalFlip"] and "RandomQuarterTurn" in names
+    assert names[-1] == "RandomErasing"
+    batches = DeviceBatches(*_images(), 8, MEAN, STD, train=True, augmentation=aug)
+    assert set(batches._draw(40)) == {"rrc", "crop", "turn", "erase"}
+    assert set(DeviceBatches(*_images(), 8, MEAN, STD, train=True)._draw(40)) == set()  # the default: none
+    assert aug.batch_policy is None and Augmentation(auto_augment="trivialaugment").batch_policy is not None
+    with pytest.raises(ValueError, match="auto_augment='bogus' is not one of"):
+        Augmentation(auto_augment="bogus")

@@ -109,7 +109,7 @@ def test_bare_train_py_with_a_budget_plans_cifar10_ends_in_time_and_saves_plan_y
     arch = cli.model.hparams.arch
     # planned: this tier's whole recipe fits the budget at CIFAR's own 8x8 grid
     assert (arch["embed_dim"], arch["depth"], arch["img_size"], arch["patch_size"]) == (64, 3, 32, 4)
-    assert cli.datamodule.rrc_scale == (0.8, 1.0) and cli.trainer.max_epochs >= 3
+    assert cli.datamodule.augmentation.rrc_scale == (0.8, 1.0) and cli.trainer.max_epochs >= 3
     plan_file = in_tmp / "logs" / "cifar10" / "version_0" / "plan.yaml"
     saved = yaml.safe_load(plan_file.read_text())
     assert saved["plan"] is False and saved["budget"] is None
@@ -126,4 +126,5 @@ def test_torch_mnist_with_a_budget_trains_the_plan_on_one_channel_and_your_flags
     arch = cli.model.hparams.arch
     assert (arch["in_chans"], arch["img_size"], arch["patch_size"], arch["embed_dim"]) == (1, 32, 4, 64)  # planned
     assert cli.model.hparams.lr == 0.003  # yours
-    assert cli.datamodule.rrc_scale == (0.8, 1.0) and (in_tmp / "logs" / "mnist" / "version_0" / "plan.yaml").is_file()
+    assert cli.datamodule.augmentation.rrc_scale == (0.8, 1.0)
+    assert (in_tmp / "logs" / "mnist" / "version_0" / "plan.yaml").is_file()

@@ -302,8 +302,8 @@ def test_a_folder_run_plans_yours_win_and_plan_yaml_repeats_it(digits_folder, in
     cli = train.main(["fit", *args, *flags])
     arch = cli.model.hparams.arch
     assert arch["depth"] == 1 and cli.model.hparams.lr == 0.003 and cli.trainer.max_epochs == 2  # yours
-    assert (arch["img_size"], arch["patch_size"]) == (24, 6) and cli.datamodule.hflip is False  # planned
-    assert cli.model.hparams.label_smoothing == 0.1 and cli.datamodule.rrc_scale == (0.8, 1.0)
+    assert (arch["img_size"], arch["patch_size"]) == (24, 6) and not cli.datamodule.augmentation.hflip  # planned
+    assert cli.model.hparams.label_smoothing == 0.1 and cli.datamodule.augmentation.rrc_scale == (0.8, 1.0)
     plan_file = in_tmp / "logs" / "folder" / "version_0" / "plan.yaml"
     saved = yaml.safe_load(plan_file.read_text())
     assert (

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from vit.data.device import DeviceBatches
+from vit.data.transforms import Augmentation
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +60,8 @@ class ImageClassificationData(L.LightningDataModule):
         self.test_set: Dataset | None = None  # a test split, where the data has one (scored, never used to choose)
         # For the in-memory path: {"train": (uint8 images, targets), "val": ...} and the augmentation to apply.
         self.memory: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        # augmentation of the in-memory path (vit.data.device), set by each DataModule
-        self.crop_padding, self.hflip, self.rrc_scale, self.auto_augment, self.erasing = 0, False, None, None, 0.0
-        self.rot90 = False
+        # the training split's augmentation (both paths draw the same), set by each DataModule from its flags
+        self.augmentation = Augmentation()
         # {split: (N, C) class probabilities}: the training targets where the data gives probabilities (soft labels);
         # `memory` keeps the likeliest class, which validation, the metrics and the class counts read
         self.soft_targets: dict[str, torch.Tensor] = {}
@@ -83,12 +83,7 @@ class ImageClassificationData(L.LightningDataModule):
             self.mean,
             self.std,
             train=split == "train",
-            crop_padding=self.crop_padding,
-            hflip=self.hflip,
-            rot90=self.rot90,
-            rrc_scale=self.rrc_scale,
-            auto_augment=self.auto_augment,
-            erasing=self.erasing,
+            augmentation=self.augmentation,
             out_size=self.img_size,
             seed=torch.initial_seed() % 2**31,
             rank=rank,

@@ -67,21 +67,8 @@ class CIFARDataModule(TorchvisionDataModule):
         self.num_workers, self.in_memory = num_workers, in_memory
         if not in_memory:  # per image, in loader workers: the reference the batched augmentation reproduces
             (train_x, train_y), (val_x, val_y) = self.memory["train"], self.memory["val"]
-            self.train_set = TensorImageDataset(train_x, train_y, self._train_transform(auto_augment))
+            train_tf = train_transform(32, self.mean, self.std, self.augmentation)  # autoaugment_policy: cifar10
+            if self.img_size != 32:
+                train_tf = v2.Compose([train_tf, v2.Resize(self.img_size, antialias=True)])
+            self.train_set = TensorImageDataset(train_x, train_y, train_tf)
             self.val_set = TensorImageDataset(val_x, val_y, eval_transform(self.img_size, self.mean, self.std))
-
-    def _train_transform(self, auto_augment: AutoAugment) -> v2.Compose:
-        tf = train_transform(
-            32,
-            self.mean,
-            self.std,
-            self.crop_padding,
-            self.hflip,
-            auto_augment,
-            autoaugment_policy=v2.AutoAugmentPolicy.CIFAR10,
-            random_erasing=self.erasing,
-            random_resized_crop=self.rrc_scale is not None,
-            crop_scale=self.rrc_scale or (0.35, 1.0),
-            rot90=self.rot90,
-        )
-        return tf if self.img_size == 32 else v2.Compose([tf, v2.Resize(self.img_size, antialias=True)])

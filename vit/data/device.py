@@ -7,7 +7,7 @@ batch (vit/data/crops.py, vit/data/augment.py): RandomResizedCrop or RandomCrop 
 p = 0.5, a random quarter turn, an AutoAugment-family policy, ToDtype(scale) and Normalize, Random Erasing. Mixup/CutMix
 stay in the LightningModule.
 
-    batches = DeviceBatches(images_uint8, targets, batch_size=64, mean=m, std=s, train=True, crop_padding=4)
+    batches = DeviceBatches(images_uint8, targets, 64, m, s, train=True, augmentation=Augmentation(crop_padding=4))
     for epoch in range(E):
         batches.set_epoch(epoch)   # Lightning calls it: the shuffle and the augmentation are seeded per epoch
         for x, y in batches: ...   # x: (B, C, H, W) float32 normalised, on images.device
@@ -18,7 +18,6 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from vit.data.augment import BatchAutoAugment
 from vit.data.crops import (
     crop_flip,
     crop_flip_params,
@@ -29,7 +28,7 @@ from vit.data.crops import (
     random_resized_crop_boxes,
     resized_crop,
 )
-from vit.data.transforms import normalize_uint8, uint8_affine
+from vit.data.transforms import Augmentation, normalize_uint8, uint8_affine
 
 IGNORE = -100  # the target of an evaluation padding item: F.cross_entropy's and the metrics' ignore_index
 
@@ -40,11 +39,8 @@ class DeviceBatches:
     Args:
         images: (N, C, H, W) uint8, or float32 in [0, 1] (16-bit or multi-band data), already on the device to train on.
         train: shuffle (seeded by `seed` and the epoch) and augment; otherwise fixed order, no augmentation.
-        rrc_scale: RandomResizedCrop's area range (e.g. (0.35, 1.0)) instead of the padded crop; None: off.
-        rot90: a random quarter turn of each image (square images) after crop and flip: with `hflip`, all 8
-            symmetries of the square, for classes that keep their label under them (tiles, slides, textures).
-        auto_augment: a batched policy (vit.data.augment.BatchAutoAugment), after crop, flip and turn.
-        erasing: Random Erasing probability per image, after Normalize (value 0: the mean colour).
+        augmentation: what a training epoch draws per image (vit.data.transforms.Augmentation: crop, flip, turn,
+            policy, erasing), as the per-image path's train_transform does; unused in evaluation.
         out_size: upsample the batch to out_size x out_size (bilinear) after augmentation, e.g. CIFAR at 224 px
             for an ImageNet-pretrained ViT.
         rank, world_size: data-parallel shard, as DistributedSampler: rank r takes positions r, r + W, ... of the
@@ -63,12 +59,7 @@ class DeviceBatches:
         mean,
         std,
         train: bool,
-        crop_padding: int = 0,
-        hflip: bool = False,
-        rot90: bool = False,
-        rrc_scale: tuple[float, float] | None = None,
-        auto_augment: BatchAutoAugment | None = None,
-        erasing: float = 0.0,
+        augmentation: Augmentation = Augmentation(),  # noqa: B008 (frozen: shared, never changed)
         seed: int = 0,
         drop_last: bool | None = None,
         out_size: int | None = None,
@@ -79,12 +70,14 @@ class DeviceBatches:
             raise ValueError(
                 f"images must be a uint8 or float32 (N, C, H, W) tensor, got {images.dtype} {tuple(images.shape)}"
             )
+        a = augmentation
+        auto_augment = a.batch_policy if train else None
         if images.is_floating_point() and auto_augment is not None:
             raise ValueError("auto_augment works on uint8 images (its tables cover 256 values); these are float32")
         self.images, self.targets = images, targets.to(images.device)
         self.batch_size, self.train = batch_size, train
-        self.crop_padding, self.hflip, self.rot90 = crop_padding, hflip, rot90
-        self.rrc_scale, self.auto_augment, self.erasing = rrc_scale, auto_augment, erasing
+        self.crop_padding, self.hflip, self.rot90 = a.crop_padding, a.hflip, a.rot90
+        self.rrc_scale, self.auto_augment, self.erasing = a.rrc_scale, auto_augment, a.erasing
         self.seed, self.rank, self.world_size, self.out_size = seed, rank, world_size, out_size
         self.per_rank = -(-len(images) // world_size)  # every rank's share, padded
         self.drop_last = train and self.per_rank > batch_size if drop_last is None else drop_last

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from vit.data.base import ImageClassificationData, TensorImageDataset, channel_mean_std
-from vit.data.transforms import to_normalized, train_transform
+from vit.data.transforms import Augmentation, to_normalized, train_transform
 
 
 class DigitsDataModule(ImageClassificationData):
@@ -41,10 +41,11 @@ class DigitsDataModule(ImageClassificationData):
         self.img_size, self.in_chans = img_size, 3
         mean, std = channel_mean_std(images[train_idx])
         self.mean, self.std = tuple(round(v, 4) for v in mean.tolist()), tuple(round(v, 4) for v in std.tolist())
+        self.augmentation = Augmentation(crop_padding=crop_padding)  # no flips: digits are not mirror-symmetric
         self.train_set = TensorImageDataset(
             images[train_idx],
             targets[train_idx],
-            train_transform(img_size, self.mean, self.std, crop_padding, hflip=False),
+            train_transform(img_size, self.mean, self.std, self.augmentation),
         )
         self.val_set = TensorImageDataset(
             images[val_idx],
@@ -52,4 +53,3 @@ class DigitsDataModule(ImageClassificationData):
             to_normalized(self.mean, self.std),
         )
         self.memory = {"train": (images[train_idx], targets[train_idx]), "val": (images[val_idx], targets[val_idx])}
-        self.crop_padding = crop_padding

@@ -14,9 +14,9 @@ from vit.data.base import ImageClassificationData, TensorImageDataset, channel_m
 from vit.data.images import describe, image_at, load_image, read_image, same_dtype
 from vit.data.listing import list_data
 from vit.data.transforms import (
+    Augmentation,
     AutoAugment,
     DataError,
-    batch_policy,
     check_crop_scale,
     eval_transform,
     to_normalized,
@@ -212,21 +212,11 @@ class ImageFolderDataModule(ImageClassificationData):
         if self.wide and auto_augment != "none":  # its colour operations are tables over the 256 values of 8 bits
             log.warning(f"auto_augment={auto_augment} is off: {self.root} holds pixels of more than 8 bits or 3 bands")
             auto_augment = "none"
-        self.train_tf = train_transform(
-            self.img_size,
-            self.mean,
-            self.std,
-            hflip=hflip,
-            auto_augment=auto_augment,
-            random_resized_crop=True,
-            random_erasing=random_erasing,
-            crop_scale=crop_scale,
-            rot90=rot90,
+        self.augmentation = Augmentation(
+            hflip=hflip, rot90=rot90, rrc_scale=crop_scale, auto_augment=auto_augment, erasing=random_erasing
         )
+        self.train_tf = train_transform(self.img_size, self.mean, self.std, self.augmentation)
         self.eval_tf = eval_transform(self.img_size, self.mean, self.std)
-        # the in-memory path's augmentation: the same operations, drawn per image, on the whole batch
-        self.rrc_scale, self.hflip, self.rot90, self.erasing = tuple(crop_scale), hflip, rot90, random_erasing
-        self.auto_augment = batch_policy(auto_augment, "imagenet")
 
     def _drop_bad(self, split: str, samples, bad: list[tuple[str, str]]) -> list[tuple[str, int]]:
         if bad:

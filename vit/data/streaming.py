@@ -22,7 +22,7 @@ import torch
 from vit.data.base import ImageClassificationData, channel_mean_std, rounded
 from vit.data.images import eval_geometry, load_image, same_dtype
 from vit.data.listing import list_folder
-from vit.data.transforms import check_crop_scale, eval_transform, train_transform
+from vit.data.transforms import Augmentation, check_crop_scale, eval_transform, train_transform
 from vit.data.val_split import split_validation
 
 META = "vit_meta.json"  # class names and the training images' mean/std, written beside the chunks
@@ -164,17 +164,10 @@ class StreamingDataModule(ImageClassificationData):
         self.class_names, self.num_classes = meta["class_names"], len(meta["class_names"])
         self.mean, self.std = tuple(meta["mean"]), tuple(meta["std"])
         self.img_size, self.in_chans = img_size, 3
-        self.train_tf = train_transform(
-            img_size,
-            self.mean,
-            self.std,
-            hflip=hflip,
-            auto_augment=auto_augment,
-            random_resized_crop=True,
-            crop_scale=crop_scale,
-            random_erasing=random_erasing,
-            rot90=rot90,
+        self.augmentation = Augmentation(
+            hflip=hflip, rot90=rot90, rrc_scale=crop_scale, auto_augment=auto_augment, erasing=random_erasing
         )
+        self.train_tf = train_transform(img_size, self.mean, self.std, self.augmentation)
         self.eval_tf = eval_transform(img_size, self.mean, self.std)
         self._loaders: list = []  # the loaders handed out, whose workers teardown stops
 

@@ -26,7 +26,7 @@ from vit.data.base import ImageClassificationData, TensorImageDataset, channel_m
 from vit.data.cifar_files import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD, open_cifar
 from vit.data.files import TRAIN_DIRS, VAL_DIRS, first_idx_problem
 from vit.data.folder import decode_images
-from vit.data.transforms import AutoAugment, DataError, batch_policy, check_crop_scale, to_normalized
+from vit.data.transforms import Augmentation, AutoAugment, DataError, check_crop_scale, to_normalized
 
 # name -> (torchvision class, how to ask for the training and the validation split). The names are timm's
 # (timm.data.dataset_factory: cifar10, cifar100, mnist, kmnist, fashion_mnist, qmnist, inaturalist, places365,
@@ -166,7 +166,7 @@ class TorchvisionDataModule(ImageClassificationData):
         std: tuple[float, ...] | None = None,
     ):
         super().__init__(batch_size, num_workers=0, in_memory=True, eval_batch_size=eval_batch_size)
-        self.rrc_scale = check_crop_scale(crop_scale)
+        rrc_scale = check_crop_scale(crop_scale)
         if img_size is not None and img_size < 1:
             raise ValueError(f"img_size={img_size} must be >= 1")
         if not 0.0 <= random_erasing <= 1.0:
@@ -190,8 +190,15 @@ class TorchvisionDataModule(ImageClassificationData):
         own = self._stats(train_x) if mean is None or std is None else None  # not measured when given
         self.mean, self.std = given_mean_std(mean, std, self.in_chans, own)
         self.memory = {"train": (train_x, train_y), "val": (val_x, val_y)}
-        self.crop_padding, self.hflip, self.rot90, self.erasing = crop_padding, hflip, rot90, random_erasing
-        self.auto_augment = batch_policy(auto_augment, autoaugment_policy)
+        self.augmentation = Augmentation(
+            crop_padding=crop_padding,
+            hflip=hflip,
+            rot90=rot90,
+            rrc_scale=rrc_scale,
+            auto_augment=auto_augment,
+            autoaugment_policy=autoaugment_policy,
+            erasing=random_erasing,
+        )
         to_float = to_normalized(self.mean, self.std)
         self.train_set = TensorImageDataset(train_x, train_y, to_float)  # per-item views; the loaders use the tensors
         self.val_set = TensorImageDataset(val_x, val_y, to_float)

@@ -5,7 +5,8 @@ DataLoader path's (streaming, `in_memory: false`) and the reference the batched 
 """
 
 import logging
-from functools import partial
+from dataclasses import dataclass
+from functools import cached_property, partial
 from typing import Literal
 
 import torch
@@ -36,33 +37,55 @@ def augment_policy(name: AutoAugment, autoaugment_policy=v2.AutoAugmentPolicy.IM
     return policies[name]()
 
 
-def train_transform(
-    img_size: int,
-    mean,
-    std,
-    crop_padding: int = 4,
-    hflip: bool = True,
-    auto_augment: AutoAugment = "none",
-    random_resized_crop: bool = False,
-    autoaugment_policy: v2.AutoAugmentPolicy = v2.AutoAugmentPolicy.IMAGENET,
-    random_erasing: float = 0.0,
-    crop_scale: tuple[float, float] = (0.35, 1.0),
-    rot90: bool = False,
-) -> v2.Compose:
+@dataclass(frozen=True)
+class Augmentation:
+    """A training split's augmentation, declared once for both paths: the per-image transforms (train_transform:
+    streaming, `in_memory: false`) and the batched ones on the device (vit.data.device.DeviceBatches), which draw the
+    same operations. Each DataModule builds one from its flags; the default augments nothing (evaluation).
+
+    Args:
+        crop_padding: a random crop of the image padded by this many pixels (0: none); not with rrc_scale.
+        hflip: a random horizontal flip.
+        rot90: a random quarter turn of each image (square images) after crop and flip: with `hflip`, all 8
+            symmetries of the square, for classes that keep their label under them (tiles, slides, textures).
+        rrc_scale: RandomResizedCrop's area range (e.g. (0.35, 1.0)) instead of the padded crop; None: off.
+        auto_augment: a policy by name after crop, flip and turn; `autoaugment_policy` names AutoAugment's table
+            ("imagenet", "cifar10", "svhn").
+        erasing: Random Erasing probability per image, after Normalize (value 0: the mean colour).
+    """
+
+    crop_padding: int = 0
+    hflip: bool = False
+    rot90: bool = False
+    rrc_scale: tuple[float, float] | None = None
+    auto_augment: AutoAugment = "none"
+    autoaugment_policy: str = "imagenet"
+    erasing: float = 0.0
+
+    def __post_init__(self):
+        if self.auto_augment != "none":
+            augment_policy(self.auto_augment)  # an unknown name: one line, when the DataModule is built
+
+    @cached_property
+    def batch_policy(self) -> BatchAutoAugment | None:
+        """The batched form of the policy (vit.data.augment), built once and shared by the split's loaders."""
+        return batch_policy(self.auto_augment, self.autoaugment_policy)
+
+
+def train_transform(img_size: int, mean, std, augmentation: Augmentation) -> v2.Compose:
     """Training augmentation for a PIL image or a uint8 (C, H, W) tensor -> normalised float tensor. The reference
-    that the batched in-memory path (vit.data.device, vit.data.augment) reproduces, drawing per image.
-    `random_resized_crop`: RandomResizedCrop of `crop_scale` of the area instead of the padded crop; `rot90`: a random
-    quarter turn (with `hflip`: the 8 symmetries of the square)."""
-    if random_resized_crop:
-        ops = [v2.RandomResizedCrop(img_size, scale=tuple(crop_scale), antialias=True)]
+    that the batched in-memory path (vit.data.device, vit.data.augment) reproduces, drawing per image."""
+    a = augmentation
+    if a.rrc_scale is not None:
+        ops = [v2.RandomResizedCrop(img_size, scale=tuple(a.rrc_scale), antialias=True)]
     else:
-        ops = [v2.RandomCrop(img_size, padding=crop_padding)] if crop_padding else []
-    if hflip:
+        ops = [v2.RandomCrop(img_size, padding=a.crop_padding)] if a.crop_padding else []
+    if a.hflip:
         ops.append(v2.RandomHorizontalFlip())
-    if auto_augment != "none":
-        ops.append(augment_policy(auto_augment, autoaugment_policy))
-    tail = [v2.RandomErasing(random_erasing, value=0)] if random_erasing > 0 else []
-    turn = [RandomQuarterTurn()] if rot90 else []
+    if a.auto_augment != "none":
+        ops.append(augment_policy(a.auto_augment, v2.AutoAugmentPolicy(a.autoaugment_policy)))
+    tail = [v2.RandomErasing(a.erasing, value=0)] if a.erasing > 0 else []
+    turn = [RandomQuarterTurn()] if a.rot90 else []
     return v2.Compose(
         [*ops, v2.ToImage(), *turn, v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std), *tail]
     )
