@@ -522,6 +522,15 @@ def test_compressed_schedule_is_the_original_played_faster():
     assert [g(s) for s in (0, 9, 10)] == [0.0, 9.0, 10.0] and g(55) == 100.0 and g(32.5) == pytest.approx(55.0)
 
 
+def test_a_long_value_runs_into_its_reason_without_pushing_the_other_rows_off_a_terminal():
+    from vit.planning.plan import TABLE_VALUE_WIDTH, Plan
+
+    rows = [("data", "1181 train", "class balance 0.46"), ("measured", "8" * 200, "docs/recipes.md")]
+    short, long = Plan({}, rows).table().splitlines()
+    assert short.index("class balance") < 2 + len("measured") + 2 + TABLE_VALUE_WIDTH + 2
+    assert long.endswith("8  docs/recipes.md")
+
+
 def test_without_a_budget_the_plan_says_its_expected_time_and_what_its_tier_reached():
     result = make_plan(fp(50_000, n_val=10_000), CPU2, elapsed_s=3.0, speed_fn=speeds_like_2_cores)
     rows = {what: (value, why) for what, value, why in result.rows}

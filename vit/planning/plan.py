@@ -54,6 +54,8 @@ from vit.planning.rules import (
 )
 from vit.planning.speed import Machine, calibrate
 
+TABLE_VALUE_WIDTH = 60  # the plan table's value column at most; with the other two it fits a 120-column terminal
+
 
 @dataclass
 class Plan:
@@ -65,9 +67,11 @@ class Plan:
     after_fit_s: float = 0.0  # planned seconds of the passes after fit (calibration, unknown statistics, test)
 
     def table(self) -> str:
+        """The rows as three columns. The value column is as wide as the values up to TABLE_VALUE_WIDTH: a longer value
+        (a row of measured figures) runs into its reason instead of pushing every row's reason off a terminal."""
         w = max(len(r[0]) for r in self.rows)
-        v = max(len(r[1]) for r in self.rows)
-        return "\n".join(f"  {a:<{w}}  {b:<{v}}  {c}" for a, b, c in self.rows)
+        v = max((len(r[1]) for r in self.rows if len(r[1]) <= TABLE_VALUE_WIDTH), default=0)
+        return "\n".join(f"  {a:<{w}}  {b:<{v}}  {c}".rstrip() for a, b, c in self.rows)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
