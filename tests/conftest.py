@@ -7,6 +7,11 @@ import torch
 
 matplotlib.use("Agg")
 os.environ.setdefault("PYTHONHASHSEED", "0")
+# One precision on every machine: oneDNN held to AVX2 has no bf16 arithmetic, so `precision: auto` is fp32 without
+# timing bf16 (vit/planning/speed.py native_bf16_cpu). On a CPU with native bf16 the timing cost 67 s of the suite's
+# work (the EPYC with AVX512-BF16), and runs trained in bf16 there and in fp32 elsewhere. The rule's own tests mock the
+# flags (tests/planning/test_precision.py). The commands the tests start inherit it.
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two cores: one thread each, or they thrash
     os.environ["OMP_NUM_THREADS"] = "1"  # the commands the tests start inherit it
     torch.set_num_threads(1)

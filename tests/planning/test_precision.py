@@ -57,6 +57,19 @@ def test_cpu_flags_are_read_from_cpuinfo():
     assert P.native_bf16_cpu("processor\t: 0\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32\n") is False
 
 
+def test_onednn_held_below_bf16_makes_bf16_emulated_whatever_the_flags(monkeypatch):
+    """ONEDNN_MAX_CPU_ISA=AVX2 (a laptop imitated on a newer CPU; the suite's setting) leaves oneDNN no bf16
+    arithmetic: fp32, untimed, on this machine too."""
+    amx = "processor: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16\n"
+    assert P.native_bf16_cpu(amx, onednn_isa="AVX2") is False
+    assert P.native_bf16_cpu(amx, onednn_isa="avx512_core_vnni") is False
+    assert P.native_bf16_cpu(amx, onednn_isa="AVX512_CORE_AMX") is True
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert P.native_bf16_cpu() is False  # this machine's flags, held below bf16 by the environment
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert P.resolve_precision("auto", None, ARCH, measure=never)[0] == "32-true"
+
+
 def test_the_plan_follows_the_same_rule_and_times_bf16_only_where_the_flags_leave_it_open():
     """One rule for `auto`, the plan and the run's check (decide_precision): a CPU whose flags say bf16 is emulated
     gets fp32 without a bf16 step timed; where bf16 is native the chosen model is timed in both."""

@@ -6,7 +6,8 @@ a precision typed by hand is known or measured to be slower than fp32 here.
 
 The rule (docs/performance.md has the measurements):
 - a GPU: bf16-mixed where it has bf16 (Ampere and newer), else 16-mixed (fp16 autocast with a gradient scaler);
-- a CPU without native bf16 (no AVX512-BF16 or AMX: most laptops and many cloud CPUs, e.g. AVX2-only AMD EPYC): fp32.
+- a CPU without native bf16 (no AVX512-BF16 or AMX: most laptops and many cloud CPUs, e.g. AVX2-only AMD EPYC; or
+  ONEDNN_MAX_CPU_ISA below them): fp32.
   bf16 autocast is emulated there: the CIFAR config's first step took 150 s against 5 s in fp32 (a 2-core EPYC);
 - a CPU with native bf16: a few timed training steps of the run's own model in each (the planner's `calibrate`), and
   bf16-mixed only when it is BF16_GAIN faster (on a 2-core Xeon with AMX: 0.65x at 64x3, 0.96x at 128x6).
@@ -38,7 +39,8 @@ def decide_precision(device: str, measure, *, native=None) -> tuple[str, str]:
     if has is False:
         return (
             "32-true",
-            "a CPU without native bf16 (no AVX512-BF16, AMX or Arm BF16): bf16 would be emulated, ~30x slower",
+            "a CPU without native bf16 (no AVX512-BF16, AMX or Arm BF16, or oneDNN held below them): bf16 would be "
+            "emulated, ~30x slower",
         )
     fp32, bf16 = measure()
     chosen = "bf16-mixed" if bf16 > BF16_GAIN * fp32 else "32-true"

@@ -17,11 +17,20 @@ from vit.training.optim import MuonWithAdamW, split_for_muon
 # The CPU feature names that make bf16 native: x86's in /proc/cpuinfo's `flags` (AVX512-BF16, AMX-BF16), Arm's in
 # its `Features` line (FEAT_BF16, Armv8.6 and later: Graviton 3, Apple M2)
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+# oneDNN's instruction sets below bf16 arithmetic: with ONEDNN_MAX_CPU_ISA set to one of them, oneDNN (torch's bf16
+# matmuls and convolutions on a CPU) emulates bf16 whatever the flags say. `ONEDNN_MAX_CPU_ISA=AVX2` is how a laptop's
+# CPU is imitated on a newer one, and how the tests train at the same precision on every machine (tests/conftest.py).
+ISA_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI")
 
 
-def native_bf16_cpu(cpuinfo: str | None = None) -> bool | None:
-    """Whether this CPU computes bf16 natively (its flags name AVX512-BF16 or AMX-BF16, or Arm's BF16); None where
-    it cannot be read (not Linux)."""
+def native_bf16_cpu(cpuinfo: str | None = None, onednn_isa: str | None = None) -> bool | None:
+    """Whether this CPU computes bf16 natively (its flags name AVX512-BF16 or AMX-BF16, or Arm's BF16) and oneDNN may
+    use it (`onednn_isa`, read from ONEDNN_MAX_CPU_ISA when the flags are this machine's, is not below bf16); None
+    where the flags cannot be read (not Linux)."""
+    if cpuinfo is None and onednn_isa is None:
+        onednn_isa = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    if (onednn_isa or "").strip().upper() in ISA_WITHOUT_BF16:
+        return False
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
