@@ -9,7 +9,8 @@ python train.py --help
 
 import sys
 
-from vit.commands.train import main, normalize_args, run  # noqa: F401  (tests and scripts call train.main(args))
+from vit.commands.command_line import normalize_args  # noqa: F401  (tests call train.normalize_args)
+from vit.commands.train import main, run  # noqa: F401  (tests and scripts call train.main(args))
 
 if __name__ == "__main__":
     sys.exit(run())

@@ -350,6 +350,24 @@ def test_bf16_on_a_cpu_where_it_measures_slower_is_said_before_training_and_in_t
         assert not any("slower than fp32" in x for x in lines)
 
 
+def test_a_bf16_the_rule_chose_is_not_timed_again_when_training_starts(in_tmp, capsys, monkeypatch):
+    """`auto` on a CPU with native bf16 times both precisions once; the run's start does not time them again (a
+    second timing at another batch once told a planned run that bf16, chosen 1.24x faster, was 1.1x slower)."""
+    from conftest import SMOKE, fit_in
+
+    speeds = {"32-true": 100.0, "bf16-mixed": 150.0}
+    monkeypatch.setattr("vit.planning.precision.native_bf16_cpu", lambda: True)
+    checked = []
+    monkeypatch.setattr(
+        "vit.planning.speed.calibrate",
+        lambda archs, batch, device, precision, **kw: checked.append(precision) or [speeds[precision]],
+    )
+    args = ["fit", "--config", SMOKE, "--trainer.enable_progress_bar", "false", "--trainer.logger", "false"]
+    cli = fit_in(in_tmp, [*args, "--trainer.precision", "auto", "--trainer.max_epochs", "2"])  # 8 steps
+    assert str(cli.trainer.precision) == "bf16-mixed" and checked == ["32-true", "bf16-mixed"]
+    assert not any("than fp32" in x for x in capsys.readouterr().out.splitlines())
+
+
 def test_a_run_no_longer_than_the_bf16_check_is_not_checked(monkeypatch):
     """A smoke run of 4 steps would take as long again to time bf16 against fp32 (6 steps): it is left out."""
     from types import SimpleNamespace

@@ -94,6 +94,26 @@ def normalize_args(argv: Sequence[str]) -> list[str]:
     return [sub, *out]
 
 
+def train_argv(args: Sequence[str]) -> list[str]:
+    """vit-train's command line made ready for LightningCLI: Lightning's tips quiet, normalize_args, `predict` turned
+    away (Lightning's subcommand needs a predict_step and a predict loader, which we do not have), and the classes'
+    source read for their docstrings only where they are shown."""
+    quiet_lightning()
+    argv = normalize_args(args)
+    if argv[0] == "predict":
+        raise UsageError(
+            "error: vit-train predict is not a command here: classify images with vit-predict --ckpt CKPT IMAGES"
+        )
+    # `--help` shows each ViTConfig field's meaning: the docstring under its declaration in vit/model/config.py.
+    # Reading those means parsing the source of every class on the command line (Trainer's too): 1.8 of the 2.5 s a
+    # parse took (cProfile), so only when the help or a commented config is asked for.
+    from jsonargparse import set_parsing_settings
+
+    wants_docs = any(a in ("-h", "--help") or (a.startswith("--print_config") and "comments" in a) for a in argv)
+    set_parsing_settings(docstring_parse_attribute_docstrings=wants_docs)
+    return argv
+
+
 def moved_field_hint(message: str) -> str:
     """Old configs had the architecture flat under `model:`; name the new place of such a key."""
     from vit.model.config import ViTConfig

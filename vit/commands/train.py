@@ -18,12 +18,12 @@ import warnings
 from collections.abc import Sequence
 
 import lightning as L
-from jsonargparse import ArgumentError, set_parsing_settings
+from jsonargparse import ArgumentError
 from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
-from vit.commands.command_line import UsageError, moved_field_hint, normalize_args, quiet_lightning, root_cause
+from vit.commands.command_line import UsageError, moved_field_hint, root_cause, train_argv
 from vit.data.base import ImageClassificationData
 from vit.data.transforms import DataError
 from vit.evaluation.map_callback import AttentionMapCallback
@@ -67,7 +67,7 @@ class ViTCLI(LightningCLI):
         self._seed, sub["seed_everything"] = sub.get("seed_everything"), False
 
     def __init__(self, *args, args_list: Sequence[str] = (), **kwargs):
-        self._argv, self._plan, self._said = list(args_list), None, None
+        self._argv, self._prepared = list(args_list), fit_steps.Prepared()
         super().__init__(*args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:
@@ -84,7 +84,7 @@ class ViTCLI(LightningCLI):
             self._seed = seed_everything(None if self._seed is True else self._seed, workers=True, verbose=False)
         sub["seed_everything"] = self._seed
         try:  # memory share, pretrained weights, the plan (before anything is built), precision
-            self._plan, self._said = fit_steps.before_build(sub, self.subcommand, self._argv)
+            self._prepared = fit_steps.before_build(sub, self.subcommand, self._argv)
         except ValueError as e:
             raise UsageError(f"error: {e}") from None
 
@@ -95,7 +95,7 @@ class ViTCLI(LightningCLI):
             raise UsageError(f"error: {root_cause(e)}") from None
 
     def instantiate_trainer(self, **kwargs):
-        fit_steps.say_precision(self._said)  # after the data is built: a missing dataset is the first line printed
+        fit_steps.say_precision(self._prepared)  # after the data is built: a missing dataset is the first line printed
         if self._seed is not False:
             rank_zero_info(f"Seed set to {self._seed}")
         return super().instantiate_trainer(plugins=[AtomicCheckpointIO()], **kwargs)
@@ -110,10 +110,10 @@ class ViTCLI(LightningCLI):
         return super()._instantiate_trainer(config, keep)
 
     def before_fit(self) -> None:
-        config = self.config[self.subcommand]
+        config, parser = self.config[self.subcommand], self._parser("fit")
         try:  # resume in place, checkpoint folders, split.csv, label issues, plan and budget
             ckpt = fit_steps.before_fit(
-                self.trainer, self.datamodule, config, planned=self._plan, argv=self._argv, parser=self._parser("fit")
+                self.trainer, self.datamodule, config, prepared=self._prepared, argv=self._argv, parser=parser
             )
         except ValueError as e:
             raise UsageError(f"error: {e}") from None
@@ -130,17 +130,7 @@ class ViTCLI(LightningCLI):
 def main(args: Sequence[str] | None = None) -> ViTCLI:
     """Parse, train (or validate/test), print where the checkpoints are. Errors end in one line: exit 2 for a command
     line, config, data or checkpoint that cannot run (UsageError), 1 for a run that failed (a non-finite loss)."""
-    quiet_lightning()
-    argv = normalize_args(sys.argv[1:] if args is None else args)
-    if argv[0] == "predict":  # Lightning's subcommand needs a predict_step and a predict loader, which we do not have
-        raise UsageError(
-            "error: vit-train predict is not a command here: classify images with vit-predict --ckpt CKPT IMAGES"
-        )
-    # `--help` shows each ViTConfig field's meaning: the docstring under its declaration in vit/model/config.py.
-    # Reading those means parsing the source of every class on the command line (Trainer's too): 1.8 of the 2.5 s a
-    # parse took (cProfile), so only when the help or a commented config is asked for.
-    wants_docs = any(a in ("-h", "--help") or (a.startswith("--print_config") and "comments" in a) for a in argv)
-    set_parsing_settings(docstring_parse_attribute_docstrings=wants_docs)
+    argv = train_argv(sys.argv[1:] if args is None else args)
     # We hand LightningCLI the rewritten sys.argv on purpose; its warning about args beside sys.argv is noise here.
     warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
     try:

@@ -3,10 +3,12 @@ the speed changes by more than SPEED_CHANGE (a shared machine slowing down, a ph
 
 import logging
 import math
+import time
 
 import lightning as L
 import torch
 
+from vit.planning.rules import EPOCH_OVERHEAD, FORWARD_SHARE
 from vit.training.freezing import frozen_epochs
 
 log = logging.getLogger(__name__)
@@ -23,10 +25,14 @@ class RunEstimate(L.Callback):
     """One line after the first few training steps of any fit (the first `skip` left out: allocation, lazy
     initialisation): seconds a step, the steps left, the expected wall time to the end and to the next checkpoint, and
     for a run over an hour the way to a shorter one; then a line whenever the speed changes by more than SPEED_CHANGE.
-    A few clock reads a run (each a device synchronisation on a GPU only for the first line); nothing else."""
+    A few clock reads a run (each a device synchronisation on a GPU only for the first line); nothing else.
+    `check_bf16`: time a bf16 on a CPU against fp32 before the first step (the CLI: only a precision you typed; the
+    rule's own choice was timed when it was made, and a second timing could contradict the first)."""
 
-    def __init__(self, skip: int = 2, timed: int = 5):
-        self.skip, self.timed = skip, timed
+    def __init__(self, skip: int = 2, timed: int = 5, check_bf16: bool = True):
+        self.skip, self.timed, self.check_bf16 = skip, timed, check_bf16
+        self.overhead = EPOCH_OVERHEAD  # a real step over a timed one (epoch_overhead), set when training starts
+        self._fit_start: float | None = None  # the clock when training started: the run's time so far is measured
         self._t0: float | None = None
         self.estimate_s: float | None = None  # the whole run's estimated seconds, once printed
         self.step_s: float | None = None  # the speed last printed
@@ -35,12 +41,16 @@ class RunEstimate(L.Callback):
         self.bf16_slowdown: float | None = None  # fp32's speed over bf16's, measured when a CPU run asks for bf16
 
     def on_train_start(self, trainer, pl_module) -> None:
+        self._fit_start, self.overhead = self._now(pl_module, sync=False), epoch_overhead(pl_module)
+        self._check_bf16(trainer, pl_module)
+
+    def _check_bf16(self, trainer, pl_module) -> None:
         """bf16-mixed on a CPU: the precision rule's answer first (vit/planning/precision.py decide_precision: the
         CPU's flags, else a few steps of the model in fp32 and in bf16). CPUs without bf16 instructions (AVX2 only)
         emulate it, many times slower (docs/performance.md); say so before the first real step, which would otherwise
         be the first sign. GPUs are not checked: bf16 is their fast path, and neither is a run of at
         most CHECK_STEPS steps (a smoke run, fast_dev_run): there the check would take as long as the run."""
-        if pl_module.device.type != "cpu" or "bf16" not in str(trainer.precision):
+        if not self.check_bf16 or pl_module.device.type != "cpu" or "bf16" not in str(trainer.precision):
             return
         if trainer.estimated_stepping_batches <= CHECK_STEPS:
             return
@@ -60,8 +70,6 @@ class RunEstimate(L.Callback):
 
     @staticmethod
     def _now(pl_module, sync: bool = True) -> float:
-        import time
-
         if sync and pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
         return time.perf_counter()
@@ -102,8 +110,6 @@ class RunEstimate(L.Callback):
 
     def _timings(self, trainer, step_s: float) -> tuple[int, float, float]:
         """(steps left, seconds to the end, seconds to the next checkpoint: the end of this epoch's validation)."""
-        from vit.planning.rules import EPOCH_OVERHEAD, FORWARD_SHARE
-
         train_batches = trainer.num_training_batches
         train_batches = int(train_batches) if train_batches != float("inf") else 0
         val_batches = sum(trainer.num_val_batches) if trainer.num_val_batches else 0
@@ -115,21 +121,22 @@ class RunEstimate(L.Callback):
         done_in_epoch = loop.epoch_loop.batch_progress.current.ready if loop is not None else 0
         in_epoch = (train_batches - done_in_epoch) if train_batches else left
         epochs_left = math.ceil(left / train_batches) if train_batches else 1
-        to_end = left * step_s * EPOCH_OVERHEAD + epochs_left * val_s
-        to_checkpoint = min(left, max(0, in_epoch)) * step_s * EPOCH_OVERHEAD + val_s
+        to_end = left * step_s * self.overhead + epochs_left * val_s
+        to_checkpoint = min(left, max(0, in_epoch)) * step_s * self.overhead + val_s
         return left, to_end, to_checkpoint
 
     def _report(self, trainer, pl_module, step_s: float) -> None:
-        from vit.planning.rules import EPOCH_OVERHEAD, FORWARD_SHARE
-
         self.step_s = step_s
         train_batches = trainer.num_training_batches
         val_batches = sum(trainer.num_val_batches) if trainer.num_val_batches else 0
-        epoch_s = train_batches * step_s * EPOCH_OVERHEAD + val_batches * step_s * FORWARD_SHARE
+        epoch_s = train_batches * step_s * self.overhead + val_batches * step_s * FORWARD_SHARE
         epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
         total = int(getattr(trainer, "estimated_stepping_batches", epochs * train_batches))
         left, to_end, to_checkpoint = self._timings(trainer, step_s)
-        self.estimate_s = to_end + getattr(trainer, "global_step", 0) * step_s * EPOCH_OVERHEAD
+        # the time run so far as measured (a frozen first epoch ran faster than the steps timed after it)
+        done = getattr(trainer, "global_step", 0) * step_s * self.overhead
+        ran = self._now(pl_module, sync=False) - self._fit_start if self._fit_start is not None else done
+        self.estimate_s = to_end + ran
         device = pl_module.device
         where = f"{device.type}, {torch.cuda.get_device_name(device)}" if device.type == "cuda" else f"cpu, {cores()}"
         shape = (
@@ -170,6 +177,17 @@ class RunEstimate(L.Callback):
         self.lines.append(line)
         if trainer.is_global_zero:
             print(line, flush=True)
+
+
+def epoch_overhead(pl_module) -> float:
+    """A real step over a timed one: a small ViT's EPOCH_OVERHEAD (the augmentation, metrics and logging around a
+    cheap step); a hybrid's HYBRID_EPOCH_OVERHEAD (its CNN dominates the step: planned runs ran at 0.99x their timed
+    steps, where 1.2 promised a 15-minute run 17 minutes)."""
+    from vit.model.config import HYBRID_STEMS
+    from vit.planning.hybrid_plan import HYBRID_EPOCH_OVERHEAD
+
+    arch = getattr(getattr(pl_module, "hparams", None), "arch", None) or {}
+    return HYBRID_EPOCH_OVERHEAD if arch.get("stem") in HYBRID_STEMS else EPOCH_OVERHEAD
 
 
 def cores() -> str:

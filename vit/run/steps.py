@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -34,6 +35,14 @@ from vit.training.run_folders import run_files_folder
 Planned = tuple[Plan, float | None]  # apply_plan: the plan and its deadline (a time.time() value; None: no budget)
 
 
+class Prepared(NamedTuple):
+    """What before_build decided, for the steps after it."""
+
+    planned: Planned | None = None  # the plan, if one was made
+    precision_line: str | None = None  # printed once the data is built (say_precision)
+    typed_precision: bool = False  # a precision you typed: timed against fp32 when training starts (RunEstimate)
+
+
 def _explicit(config, argv: Sequence[str]) -> set[str]:
     return explicit_keys(argv, [str(p) for p in (config.get("config") or [])])
 
@@ -45,36 +54,43 @@ def check_ckpt_path(ckpt: str | None) -> None:
         load_checkpoint(ckpt)
 
 
-def before_build(config, subcommand: str | None, argv: Sequence[str]) -> tuple[Planned | None, str | None]:
+def before_build(config, subcommand: str | None, argv: Sequence[str]) -> Prepared:
     """The subcommand's parsed `config` made ready to build, in place: each local process's share of the decoded-image
     memory, then for `fit` the pretrained weights (their architecture is the model, so a plan is a fine-tune of it)
     and the plan (a folder is then decoded once, at the planned size), then the precision (`auto` follows this machine).
-    Returns the plan, if one was made, and the precision's line to print once the data is built (say_precision): a
-    data source that is missing is then the first and only line. Weights or a plan that cannot run: ValueError."""
+    Returns the plan, if one was made; the precision's line to print once the data is built (say_precision): a data
+    source that is missing is then the first and only line; and whether the precision is one you typed, which the
+    run times when it starts (RunEstimate), where the rule's choice (`auto`, a plan's) was timed already. Weights or a
+    plan that cannot run: ValueError."""
     share_memory_budget(config)
     planned = None
+    requested = str(config.trainer.get("precision"))
+    typed = requested != "auto" and is_explicit("trainer.precision", _explicit(config, argv))
     if str(config.get("model.init_from") or "").lower() == "none":
         config.model.init_from = None  # `--model.init_from none`: from scratch, where a plan would choose weights too
     if subcommand == "fit":
         if config.get("ckpt_path"):  # the checkpoint holds the weights; the files may have moved since
             config.model.init_from = config.model.stem_from = None
         planned = apply_plan(config, argv, weights=apply_weights(config, argv))
-    return planned, apply_precision(config, _explicit(config, argv))
+    return Prepared(planned, apply_precision(config, _explicit(config, argv)), typed)
 
 
-def say_precision(said: str | None) -> None:
+def say_precision(prepared: Prepared) -> None:
     """before_build's precision line, on rank 0 (a warning to stderr)."""
+    said = prepared.precision_line
     if said and rank_zero_only.rank == 0:
         print(said, file=sys.stderr if said.startswith("warning") else sys.stdout, flush=True)
 
 
 def before_fit(
-    trainer: L.Trainer, datamodule, config, *, planned: Planned | None, argv: Sequence[str], parser
+    trainer: L.Trainer, datamodule, config, *, prepared: Prepared, argv: Sequence[str], parser
 ) -> str | None:
     """The trainer built, fit not started: returns the checkpoint to resume from (`--ckpt_path last`: the newest in
     the run's folder, which the run then continues) and adds to the trainer the mid-epoch checkpoint, split.csv, the
     label-issue finder (`--find_label_issues`), the plan's budget and plan.yaml (`parser` writes it), and the line
-    that says how long the run will take here. A folder that cannot be written: ValueError."""
+    that says how long the run will take here (with a bf16 you typed timed against fp32 on a CPU). `prepared`:
+    before_build's answer. A folder that cannot be written: ValueError."""
+    planned = prepared.planned
     ckpt = resume_target(config.get("ckpt_path"), trainer)
     prepare_checkpoints(trainer, datamodule, config)
     folder = None  # beside the logs, else the checkpoints; asked only when a file goes there
@@ -92,7 +108,8 @@ def before_fit(
             yaml_of=lambda epochs: plan_yaml(parser, config, epochs, plan),
             budget_owned=not is_explicit("trainer.max_epochs", _explicit(config, argv)),
         )
-    trainer.callbacks.append(RunEstimate())  # say early how long it will take here, and again if that changes
+    # say early how long it will take here, and again if that changes
+    trainer.callbacks.append(RunEstimate(check_bf16=prepared.typed_precision))
     return ckpt
 
 
