@@ -94,6 +94,31 @@ def test_the_plan_follows_the_same_rule_and_times_bf16_only_where_the_flags_leav
         assert ("without native bf16" in why) != native and ("bf16 not timed" in why) != native
 
 
+def test_a_precision_you_set_is_the_one_the_plan_times_and_sizes_its_epochs_by():
+    """`--trainer.precision 32-true --budget B` on a CPU with native bf16: the run trains in fp32 (yours wins), so the
+    plan times no bf16 step and sizes its epochs at fp32's speed, not at the bf16 it would have chosen."""
+    from fake_speeds import speeds_like_2_cores
+
+    from vit.planning.fingerprint import Fingerprint
+    from vit.planning.plan import make_plan
+    from vit.planning.speed import Machine
+
+    digits = Fingerprint("digits", 8000, 2000, [800] * 10, 28, 28, 28, 1.0, 0.49, 5.0)
+    asked = []
+
+    def speeds(archs, batch, precision="32-true"):
+        asked.append(precision)
+        return [s * (2.0 if precision == "bf16-mixed" else 1.0) for s in speeds_like_2_cores(archs, batch)]
+
+    machine = Machine("cpu", 2, native_bf16=True)
+    chosen = make_plan(digits, machine, budget_s=300, elapsed_s=3.0, speed_fn=speeds)
+    asked.clear()
+    yours = make_plan(digits, machine, budget_s=300, elapsed_s=3.0, speed_fn=speeds, precision="32-true")
+    assert chosen.overrides["trainer.precision"] == "bf16-mixed" and "bf16-mixed" not in asked
+    assert yours.overrides["trainer.precision"] == "32-true" and yours.epoch_s > chosen.epoch_s
+    assert "yours" in dict((r[0], r[2]) for r in yours.rows)["precision"]
+
+
 def test_the_runs_check_of_a_bf16_it_was_given_follows_the_rule(monkeypatch):
     """bf16-mixed set by hand on a CPU: the flags answer where bf16 is emulated (no steps timed, the line says so);
     where it is native, a few steps at the probe's batch decide."""

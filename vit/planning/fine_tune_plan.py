@@ -53,8 +53,19 @@ class FineTunePlanner(Planner):
     """Planner's steps with the weights' model (`arch`: every ViTConfig field, as the config holds them after
     vit/run/weights.py) in place of the candidate models."""
 
-    def __init__(self, fp: Fingerprint, machine: Machine, budget_s, elapsed_s, speed_fn=None, *, arch: dict, source):
-        super().__init__(fp, machine, budget_s, elapsed_s, speed_fn)
+    def __init__(
+        self,
+        fp: Fingerprint,
+        machine: Machine,
+        budget_s,
+        elapsed_s,
+        speed_fn=None,
+        *,
+        arch: dict,
+        source,
+        precision=None,
+    ):
+        super().__init__(fp, machine, budget_s, elapsed_s, speed_fn, precision=precision)
         self.arch, self.source = dict(arch), source
         self.models, self.max_model = [(arch["embed_dim"], arch["depth"], arch["num_heads"])], 0
         self.stem = arch.get("stem", "patch")
@@ -134,6 +145,10 @@ class FineTunePlanner(Planner):
         return MEASURED_FINE_TUNE if self.literature else MEASURED_SMALL
 
 
-def make_fine_tune_plan(fp, machine, budget_s=None, elapsed_s=0.0, speed_fn=None, *, arch: dict, source: str) -> Plan:
+def make_fine_tune_plan(
+    fp, machine, budget_s=None, elapsed_s=0.0, speed_fn=None, *, arch: dict, source: str, precision=None
+) -> Plan:
     """make_plan (vit/planning/plan.py) for a fine-tune of `arch` (the weights' model) from `source`."""
-    return FineTunePlanner(fp, machine, budget_s, elapsed_s, speed_fn, arch=arch, source=source).plan()
+    return FineTunePlanner(
+        fp, machine, budget_s, elapsed_s, speed_fn, arch=arch, source=source, precision=precision
+    ).plan()

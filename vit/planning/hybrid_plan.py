@@ -76,8 +76,9 @@ class HybridPlanner(Planner):
         arch: str,
         source: str,
         floor: bool = False,
+        precision: str | None = None,
     ):
-        super().__init__(fp, machine, budget_s, elapsed_s, speed_fn)
+        super().__init__(fp, machine, budget_s, elapsed_s, speed_fn, precision=precision)
         self.cnn, self.source = arch, source
         self.floor = floor  # the planner's own choice of start: below the floor the hybrid is not worth its budget
         self.stem, self.patch = arch, HYBRID_PATCH
@@ -177,9 +178,12 @@ class HybridPlanner(Planner):
 
 
 def make_hybrid_plan(
-    fp, machine, budget_s=None, elapsed_s=0.0, speed_fn=None, *, arch: str, source: str, floor: bool = False
+    fp, machine, budget_s=None, elapsed_s=0.0, speed_fn=None, *, arch: str, source: str, floor=False, precision=None
 ) -> Plan:
     """make_plan (vit/planning/plan.py) for the hybrid of the timm CNN `arch` with weights from `source`. `floor`:
     raise HybridTooSlow where the budget buys fewer than HYBRID_FALLBACK_EPOCHS at the smallest side (the planner's
     own choice of start falls back to from scratch there; weights you named train whatever fits)."""
-    return HybridPlanner(fp, machine, budget_s, elapsed_s, speed_fn, arch=arch, source=source, floor=floor).plan()
+    planner = HybridPlanner(
+        fp, machine, budget_s, elapsed_s, speed_fn, arch=arch, source=source, floor=floor, precision=precision
+    )
+    return planner.plan()

@@ -85,20 +85,32 @@ def make_plan(
     budget_s: float | None = None,
     elapsed_s: float = 0.0,
     speed_fn=None,
+    *,
+    precision: str | None = None,
 ) -> Plan:
     """The recipe for `fp` on `machine`. With `budget_s` (wall seconds from process start to exit, of which
     `elapsed_s` are spent), the largest allowed model that still trains MIN epochs, and as many epochs as fit (at most
     the tier's wanted epochs x 2); without, the tier's model and epochs. `speed_fn(archs, batch)` -> images/s
-    (default: `calibrate` on this machine; tests pass a fake)."""
-    return Planner(fp, machine, budget_s, elapsed_s, speed_fn).plan()
+    (default: `calibrate` on this machine; tests pass a fake). `precision`: one you set, planned at (else chosen)."""
+    return Planner(fp, machine, budget_s, elapsed_s, speed_fn, precision=precision).plan()
 
 
 class Planner:
     """make_plan's steps, in the order they run: the tier's recipe, the token grid, the model and epochs that fit,
     the precision, then the overrides and the table that says why. Timed calibration adds to `elapsed_s`."""
 
-    def __init__(self, fp: Fingerprint, machine: Machine, budget_s: float | None, elapsed_s: float, speed_fn=None):
+    def __init__(
+        self,
+        fp: Fingerprint,
+        machine: Machine,
+        budget_s: float | None,
+        elapsed_s: float,
+        speed_fn=None,
+        *,
+        precision=None,
+    ):
         self.fp, self.machine, self.budget_s, self.elapsed_s = fp, machine, budget_s, elapsed_s
+        self.yours_precision = precision  # a precision you set: the run trains at it, so the plan times it
         (
             self.max_n,
             self.max_model,
@@ -229,12 +241,17 @@ class Planner:
         # (not timed: the flags answer); else the chosen model timed in both, bf16 where BF16_GAIN faster.
         arch, self.fp32_speed = self.archs[self.choice], self.speeds[self.choice]
         self.bf16 = None
-        if self.machine.device == "cuda" or self.machine.native_bf16 is not False:
-            self.bf16 = self.timed([arch], "bf16-mixed")[0]
-        self.precision, self.why_precision = decide_precision(
-            self.machine.device, lambda: (self.fp32_speed, self.bf16), native=lambda: self.machine.native_bf16
-        )
-        if self.precision == "bf16-mixed":
+        yours = self.yours_precision
+        if yours is not None:  # yours: timed in bf16 only where you train in it
+            self.bf16 = self.timed([arch], "bf16-mixed")[0] if "bf16" in yours else None
+            self.precision, self.why_precision = yours, "yours (set in a config or on the command line)"
+        else:
+            if self.machine.device == "cuda" or self.machine.native_bf16 is not False:
+                self.bf16 = self.timed([arch], "bf16-mixed")[0]
+            self.precision, self.why_precision = decide_precision(
+                self.machine.device, lambda: (self.fp32_speed, self.bf16), native=lambda: self.machine.native_bf16
+            )
+        if "bf16" in self.precision and self.bf16 is not None:
             self.speeds = [*self.speeds[: self.choice], self.bf16, *self.speeds[self.choice + 1 :]]
             if self.spare is not None:
                 self.epochs = int(max(1, min(self.most, self.spare // self.epoch_seconds(self.bf16))))

@@ -63,14 +63,18 @@ def apply_plan(
     start = process_start()
     fp = fingerprint(source_for(config.data))
     explicit = explicit_keys(argv, [str(p) for p in (config.get("config") or [])])
+    typed = str(config.trainer.get("precision"))  # yours wins, so the plan times that one
+    at = {"precision": typed if is_explicit("trainer.precision", explicit) and typed != "auto" else None}
     if isinstance(weights, CnnWeights):  # a CNN's ImageNet weights: the hybrid (vit/planning/hybrid_plan.py)
-        plan = make_hybrid_plan(fp, Machine.here(), budget, clock() - start, arch=weights.arch, source=weights.source)
+        plan = make_hybrid_plan(
+            fp, Machine.here(), budget, clock() - start, arch=weights.arch, source=weights.source, **at
+        )
     elif weights is not None:
         arch = {**config.model.arch.as_dict(), "img_size": weights.arch["img_size"]}  # their own resolution
         source = weights.source
-        plan = make_fine_tune_plan(fp, Machine.here(), budget, clock() - start, arch=arch, source=source)
+        plan = make_fine_tune_plan(fp, Machine.here(), budget, clock() - start, arch=arch, source=source, **at)
     else:
-        plan = plan_a_start(config, fp, budget, explicit, lambda: clock() - start)
+        plan = plan_a_start(config, fp, budget, explicit, lambda: clock() - start, **at)
     plan = with_objective(plan, fp, config.get("objective") or "auto")
     yours = []
     for key, value in plan.overrides.items():
@@ -99,10 +103,12 @@ def apply_plan(
     return plan, deadline
 
 
-def plan_a_start(config, fp, budget: float | None, explicit: set[str], elapsed: Callable[[], float]) -> Plan:
+def plan_a_start(
+    config, fp, budget: float | None, explicit: set[str], elapsed: Callable[[], float], precision: str | None = None
+) -> Plan:
     """The plan when you named no weights: the start the data's kind takes (vit/planning/start.py), the hybrid's
     weights written into `config` where it is chosen and the budget buys it its floor, else from scratch; the
-    plan's first row says which and why. `elapsed()`: the seconds of the budget spent so far."""
+    plan's first row says which and why. `elapsed()`: the seconds of the budget spent so far; `precision`: yours."""
     init_set = is_explicit("model.init_from", explicit)  # `--model.init_from none` (a value would be weights)
     yours = next(
         (f"--{k}" for k in ("model.arch.stem", "model.stem_from", "model.teacher") if is_explicit(k, explicit)), None
@@ -113,7 +119,14 @@ def plan_a_start(config, fp, budget: float | None, explicit: set[str], elapsed: 
         try:
             weights = read_cnn_weights(start.source)
             plan = make_hybrid_plan(
-                fp, Machine.here(), budget, elapsed(), arch=weights.arch, source=weights.source, floor=True
+                fp,
+                Machine.here(),
+                budget,
+                elapsed(),
+                arch=weights.arch,
+                source=weights.source,
+                floor=True,
+                precision=precision,
             )
         except ValueError as e:  # HybridTooSlow, or weights that cannot be read: the reason goes in the row
             why = f"{start.kind}, but {e}"
@@ -121,7 +134,7 @@ def plan_a_start(config, fp, budget: float | None, explicit: set[str], elapsed: 
             apply_cnn_weights(config, start.source, explicit)
             plan.rows.insert(0, ("start", f"ImageNet weights: {start.source} (hybrid)", why))
             return plan
-    plan = make_plan(fp, Machine.here(), budget_s=budget, elapsed_s=elapsed())
+    plan = make_plan(fp, Machine.here(), budget_s=budget, elapsed_s=elapsed(), precision=precision)
     plan.rows.insert(0, ("start", "from scratch", why))
     return plan
 
