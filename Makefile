@@ -17,9 +17,9 @@ RESUME ?=
 train: .venv/.installed
 	$(PY) train.py fit --config $(CONFIG) $(if $(RESUME),--ckpt_path last) $(ARGS)
 
-# Two workers (one torch thread each), a file's expensive fixture on one of them (--dist loadgroup): pytest 205-221 s
-# on a 2-core Intel Xeon with AMX (780 tests; the machine's speed moves 1.5x between hours), ~2x that on an AVX2-only
-# EPYC (docs/testing.md); `pytest -x tests/test_x.py` for one file
+# Two workers (one torch thread each), a file's expensive fixture on one of them (--dist loadgroup): pytest 182-188 s
+# on a 2-core EPYC with AVX-512 (871 tests), 290-353 s on an AVX2-only one (866 tests; the machine's speed moves 1.5x
+# between hours: docs/testing.md); `pytest -x tests/test_x.py` for one file
 # env -u PYTHONDONTWRITEBYTECODE: the workers, and the commands the tests start, read vit/ and the rewritten tests
 # from __pycache__ instead of compiling them each time (a worker's collection: 18.5 s without, 12.5-14 s with)
 test: .venv/.installed
