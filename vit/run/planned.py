@@ -40,13 +40,18 @@ from vit.run.weights import apply_cnn_weights
 
 
 def apply_plan(
-    config, argv: Sequence[str], clock: Callable[[], float] = time.time, weights: Pretrained | CnnWeights | None = None
+    config,
+    argv: Sequence[str],
+    clock: Callable[[], float] = time.time,
+    weights: Pretrained | CnnWeights | None = None,
+    precision: str | None = None,
 ) -> tuple[Plan, float | None] | None:
     """Plan when `config.plan` or `--budget` asks for it: fingerprint the data (any source of vit/data/sources.py),
     calibrate, write the plan's values into `config` (a jsonargparse Namespace of `fit`) wherever the user did not
     set the key. With `weights` (read by vit/run/weights.py, which put their model into the config) the plan
-    is a fine-tune of that model (vit/planning/fine_tune_plan.py). Returns (the plan, the deadline as a `clock`
-    time) or None when not planning. Raises ValueError with one line when it cannot plan."""
+    is a fine-tune of that model (vit/planning/fine_tune_plan.py); `precision`, one you set, is the one it times.
+    Returns (the plan, the deadline as a `clock` time) or None when not planning. Raises ValueError with one line
+    when it cannot plan."""
     budget = parse_budget(config.get("budget"))
     max_time = config.trainer.get("max_time")
     if not config.get("plan") and budget is None:
@@ -63,8 +68,7 @@ def apply_plan(
     start = process_start()
     fp = fingerprint(source_for(config.data))
     explicit = explicit_keys(argv, [str(p) for p in (config.get("config") or [])])
-    typed = str(config.trainer.get("precision"))  # yours wins, so the plan times that one
-    at = {"precision": typed if is_explicit("trainer.precision", explicit) and typed != "auto" else None}
+    at = {"precision": precision}  # one you set: it wins, so the plan times it
     if isinstance(weights, CnnWeights):  # a CNN's ImageNet weights: the hybrid (vit/planning/hybrid_plan.py)
         plan = make_hybrid_plan(
             fp, Machine.here(), budget, clock() - start, arch=weights.arch, source=weights.source, **at

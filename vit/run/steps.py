@@ -64,15 +64,16 @@ def before_build(config, subcommand: str | None, argv: Sequence[str]) -> Prepare
     plan that cannot run: ValueError."""
     share_memory_budget(config)
     planned = None
-    requested = str(config.trainer.get("precision"))
-    typed = requested != "auto" and is_explicit("trainer.precision", _explicit(config, argv))
+    explicit, requested = _explicit(config, argv), str(config.trainer.get("precision"))
+    typed = requested != "auto" and is_explicit("trainer.precision", explicit)  # yours: the plan times it too
     if str(config.get("model.init_from") or "").lower() == "none":
         config.model.init_from = None  # `--model.init_from none`: from scratch, where a plan would choose weights too
     if subcommand == "fit":
         if config.get("ckpt_path"):  # the checkpoint holds the weights; the files may have moved since
             config.model.init_from = config.model.stem_from = None
-        planned = apply_plan(config, argv, weights=apply_weights(config, argv))
-    return Prepared(planned, apply_precision(config, _explicit(config, argv)), typed)
+        weights = apply_weights(config, argv)
+        planned = apply_plan(config, argv, weights=weights, precision=requested if typed else None)
+    return Prepared(planned, apply_precision(config, explicit), typed)
 
 
 def say_precision(prepared: Prepared) -> None:
