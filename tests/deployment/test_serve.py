@@ -3,6 +3,7 @@ input refused with a 4xx while the server goes on, concurrent requests batched, 
 working in a real headless Chromium."""
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -582,3 +583,70 @@ def test_api_servers_reach_litserve_and_a_cpu_worker_waits_passively(smoke_ckpt,
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     cmd.build_server(cmd.build_parser().parse_args(["--ckpt", str(smoke_ckpt), "--device", "cpu"]))
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_a_stop_waits_a_bounded_time_for_each_api_server():
+    """LitServe waits uvicorn_graceful_timeout for each API server on a stop (30 s by default); vit-serve sets it to
+    SHUTDOWN_WAIT_S. LitServer has no argument for it: this fails if LitServe stops reading the attribute."""
+    import inspect
+
+    import litserve as ls
+
+    import vit.commands.serve as cmd
+
+    for method in (ls.LitServer._perform_graceful_shutdown, ls.LitServer._start_server):
+        assert "self.uvicorn_graceful_timeout" in inspect.getsource(method), method
+    assert 0 < cmd.SHUTDOWN_WAIT_S <= 10
+    assert "server.uvicorn_graceful_timeout = SHUTDOWN_WAIT_S" in inspect.getsource(cmd.build_server)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl's death signal is Linux's")
+def test_a_process_the_launcher_started_ends_when_the_launcher_is_killed():
+    """die_with_launcher (API servers and model workers call it): a launcher killed with SIGKILL (or stuck in its
+    shutdown and killed) left its API servers running in their own process groups, holding the port and spinning at
+    90% of a core each. A process that called it ends with the launcher; one that did not (the control) lives on."""
+    import signal
+
+    from vit.deployment.serve import die_with_launcher
+
+    r, w = os.pipe()
+    launcher = os.fork()
+    if launcher == 0:  # the launcher: starts two processes, then waits to be killed
+        try:
+            for calls in (True, False):
+                if os.fork() == 0:
+                    try:
+                        if calls:
+                            die_with_launcher(os.getppid())
+                        os.write(w, f"{int(calls)}:{os.getpid()} ".encode())
+                        time.sleep(60)
+                    finally:
+                        os._exit(0)
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(w)
+    pids = b""
+    while pids.count(b" ") < 2:
+        pids += os.read(r, 64)
+    os.close(r)
+    started = dict(map(int, item.split(b":")) for item in pids.split())
+    dies, control = started[1], started[0]
+    os.kill(launcher, signal.SIGKILL)
+    os.waitpid(launcher, 0)
+    try:
+        deadline = time.monotonic() + 10
+        while _alive(dies) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(dies) and _alive(control)
+    finally:
+        for pid in (dies, control):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -35,6 +35,9 @@ API_SERVERS = 2  # HTTP processes: decoding in one while the other waits on the 
 # 2 cores: 1.10x the bare forward against 0.92x with one 2-thread worker, ahead in each of 6 interleaved rounds
 # (docs/serving.md, "Throughput").
 CPU_WORKERS = 2
+# Seconds a stop waits for an API server to finish its requests and end before killing it. LitServe's 30, for each
+# API server in turn, let a stop whose HTTP process did not end take a minute; a test's Ctrl-C once waited 30 s.
+SHUTDOWN_WAIT_S = 5
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,6 +135,9 @@ def build_server(args: argparse.Namespace):
             (HostCheck, {"allowed": allowed_hosts(args.host, args.allowed_host)}),
         ],
     )
+    # LitServer has no argument for it: uvicorn's graceful-shutdown timeout and the join of each API server on a stop
+    # read this attribute (tests/deployment/test_serve.py fails when LitServe stops reading it)
+    server.uvicorn_graceful_timeout = SHUTDOWN_WAIT_S
     page = resources.files("vit").joinpath("static", PAGE).read_text()
     # LitServe answers GET / with "litserve running": the page takes its place
     server.app.router.routes = [r for r in server.app.router.routes if getattr(r, "path", None) != "/"]

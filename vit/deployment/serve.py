@@ -14,9 +14,12 @@ the worker only a fixed-size uint8 image as JSON. The worker's batch never holds
 from __future__ import annotations
 
 import base64
+import ctypes
 import io
 import json
 import os
+import signal
+import sys
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -242,6 +245,7 @@ class LeaveTerminalGroup:
         self.app = app
         if os.getpid() != launcher:
             leave_terminal_group()
+            die_with_launcher(launcher)
 
     async def __call__(self, scope, receive, send) -> None:
         await self.app(scope, receive, send)
@@ -254,6 +258,22 @@ def leave_terminal_group() -> None:
         os.setpgid(0, 0)
     except OSError:  # not permitted here (a session leader): it hears Ctrl-C as before
         pass
+
+
+# prctl's option (linux/prctl.h): the signal this process gets when its parent ends
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_launcher(launcher: int) -> None:
+    """This process (an API server or model worker the launcher started) ends when the launcher ends, however it
+    ends: a launcher killed (SIGKILL, the OOM killer) or stuck in its shutdown and killed left them running in their
+    own process groups, holding the port, two API servers spinning at 90% of a core each. Linux only (prctl)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != launcher:  # the launcher ended before the line above
+        os._exit(1)
 
 
 def _replay(body: bytes):
@@ -331,9 +351,12 @@ class ViTAPI(ls.LitAPI):
         # intra-op threads of this worker on a CPU (vit.commands.serve.worker_layout); None: torch's own count
         self.threads = threads
         self.batches: list[int] = []  # batch sizes seen, for tests and the bench (in the worker process)
+        self.launcher = os.getpid()  # built by the launcher; set up in a worker process it starts
 
     def setup(self, device: str) -> None:
-        leave_terminal_group()  # an inference worker: the launcher stops it (see LeaveTerminalGroup)
+        if os.getpid() != self.launcher:  # an inference worker: the launcher stops it (see LeaveTerminalGroup)
+            leave_terminal_group()
+            die_with_launcher(self.launcher)
         if self.threads and device == "cpu":
             torch.set_num_threads(self.threads)  # this worker process's share of the cores
         self.model, self.record = load_onnx(self.ckpt, threads=self.threads) if self.onnx else load_model(self.ckpt)
