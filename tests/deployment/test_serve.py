@@ -614,7 +614,7 @@ def test_a_process_the_launcher_started_ends_when_the_launcher_is_killed():
     90% of a core each. A process that called it ends with the launcher; one that did not (the control) lives on."""
     import signal
 
-    from vit.deployment.serve import die_with_launcher
+    from vit.deployment.processes import die_with_launcher
 
     r, w = os.pipe()
     launcher = os.fork()
@@ -650,3 +650,28 @@ def test_a_process_the_launcher_started_ends_when_the_launcher_is_killed():
         for pid in (dies, control):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _deaf_to_sigterm() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(60)
+
+
+def test_processes_that_litserves_stop_did_not_know_of_are_ended_before_the_launcher_exits():
+    """A Ctrl-C while LitServe still starts its API servers left the later ones unknown to its stop; the launcher's
+    exit then waited for them for ever (multiprocessing joins its children). stop_children ends every child still
+    running: SIGTERM, then SIGKILL for one that does not end in time."""
+    import multiprocessing
+
+    from vit.deployment.processes import stop_children
+
+    ctx = multiprocessing.get_context("fork")
+    children = [ctx.Process(target=time.sleep, args=(60,)), ctx.Process(target=_deaf_to_sigterm)]
+    for child in children:
+        child.start()
+    time.sleep(0.5)  # the second has set its signal disposition
+    stop_children(1.0)
+    assert [c.is_alive() for c in children] == [False, False] and multiprocessing.active_children() == []
+    assert [c.exitcode for c in children] == [-15, -9]  # SIGTERM ended the first, SIGKILL the deaf one

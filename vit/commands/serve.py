@@ -208,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     except KeyboardInterrupt:  # a second Ctrl-C during the shutdown
         pass
+    finally:
+        from vit.deployment.processes import stop_children
+
+        stop_children(SHUTDOWN_WAIT_S)  # any API server that LitServe's own stop did not know of
     print("vit-serve: stopped", flush=True)
     return 0
 

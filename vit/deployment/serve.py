@@ -14,12 +14,9 @@ the worker only a fixed-size uint8 image as JSON. The worker's batch never holds
 from __future__ import annotations
 
 import base64
-import ctypes
 import io
 import json
 import os
-import signal
-import sys
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -32,6 +29,7 @@ from starlette.requests import Request
 from vit.data.images import describe, image_at, read_image, same_dtype
 from vit.deployment.onnx_model import load_onnx
 from vit.deployment.predict import channel_stats, labels_above, map_and_logits, normalize, top_k
+from vit.deployment.processes import die_with_launcher, leave_terminal_group
 from vit.evaluation.attention_maps import denormalize, overlay
 from vit.evaluation.unknown import Rejector
 from vit.model.checkpoint import load_model
@@ -249,31 +247,6 @@ class LeaveTerminalGroup:
 
     async def __call__(self, scope, receive, send) -> None:
         await self.app(scope, receive, send)
-
-
-def leave_terminal_group() -> None:
-    """This process into a process group of its own (same session): a terminal's Ctrl-C no longer reaches it; the
-    launcher's shutdown (SIGTERM) still does."""
-    try:
-        os.setpgid(0, 0)
-    except OSError:  # not permitted here (a session leader): it hears Ctrl-C as before
-        pass
-
-
-# prctl's option (linux/prctl.h): the signal this process gets when its parent ends
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_launcher(launcher: int) -> None:
-    """This process (an API server or model worker the launcher started) ends when the launcher ends, however it
-    ends: a launcher killed (SIGKILL, the OOM killer) or stuck in its shutdown and killed left them running in their
-    own process groups, holding the port, two API servers spinning at 90% of a core each. Linux only (prctl)."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != launcher:  # the launcher ended before the line above
-        os._exit(1)
 
 
 def _replay(body: bytes):
