@@ -197,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     # A service manager or `kill` sends SIGTERM to this process alone: ending as on Ctrl-C lets LitServe stop the
     # API-server and inference processes it started (they kept the port, orphaned, when SIGTERM ended us alone).
     signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C stops it even where SIGINT came in ignored: a shell starts a background job (`vit-serve ... &`, CI's
+    # scripts) with SIGINT ignored, and Python then leaves it so; the launcher sat out the test's Ctrl-C for 30 s
+    signal.signal(signal.SIGINT, _interrupt)
     print(f"vit-serve: http://{args.host}:{args.port}/ (POST /predict, GET /health, GET /info)", flush=True)
     try:
         server.run(
