@@ -35,8 +35,8 @@ API_SERVERS = 2  # HTTP processes: decoding in one while the other waits on the 
 # 2 cores: 1.10x the bare forward against 0.92x with one 2-thread worker, ahead in each of 6 interleaved rounds
 # (docs/serving.md, "Throughput").
 CPU_WORKERS = 2
-# Seconds a stop waits for an API server to finish its requests and end before killing it. LitServe's 30, for each
-# API server in turn, let a stop whose HTTP process did not end take a minute; a test's Ctrl-C once waited 30 s.
+# Seconds a stop waits for an API server to finish its requests and end before killing it: LitServe's 30, for each
+# API server in turn, let a stop whose HTTP process did not end take a minute.
 SHUTDOWN_WAIT_S = 5
 
 

@@ -40,8 +40,9 @@ def die_with_launcher(launcher: int) -> None:
 def stop_children(wait_s: float) -> None:
     """Every process this one started that still runs, ended: SIGTERM, `wait_s` seconds, then SIGKILL. LitServe stops
     the API servers it knows of, but a Ctrl-C that lands while it is still starting them (the first one already
-    answers /health) leaves the rest unknown to it, running in their own process groups, and the launcher's exit then
-    waited for them for ever (multiprocessing joins its children at exit): twice in a fresh clone's test run."""
+    answers /health) leaves the rest unknown to it (LitServe's `_start_server` has not returned them), running in
+    their own process groups, and the launcher's exit would wait for them for ever (multiprocessing joins its
+    children at exit)."""
     children = multiprocessing.active_children()
     for child in children:
         child.terminate()
