@@ -21,6 +21,7 @@ from vit.planning.plan import make_plan
 from vit.planning.rules import MODELS
 from vit.planning.speed import Machine
 from vit.run.fit_budget import FitBudget
+from vit.training.recipe import TrainingRecipe
 
 GPU = Machine("cuda", 16, "H200", 139.0)
 TINY_FLAGS = ["--model.arch.depth", "1", "--model.arch.embed_dim", "32", "--model.arch.num_heads", "2"]
@@ -229,7 +230,7 @@ def test_the_budget_correction_after_one_epoch_ends_the_run_on_time(real_epoch_s
     after the first so that it ends within 15% of the deadline, with a complete cosine schedule."""
     now = [10.0]
     saved = []
-    module = SimpleNamespace(hparams=SimpleNamespace(warmup_epochs=1, min_lr_ratio=0.01))
+    module = SimpleNamespace(recipe=TrainingRecipe(warmup_epochs=1, min_lr_ratio=0.01))
     trainer = FakeTrainer(20, module)
     cb = FitBudget(deadline=110.0, cap=100, on_change=saved.append, clock=lambda: now[0], teardown_s=0.0)
     # planned: 20 epochs of 5 s after 10 s; the 10% reserve makes a 5-s epoch plan 18
@@ -249,7 +250,7 @@ def test_the_budget_correction_after_one_epoch_ends_the_run_on_time(real_epoch_s
 def test_a_run_that_stops_at_the_plans_most_epochs_says_so_and_what_it_leaves(caplog):
     """A plan asks the budget to spend itself, and to say why when it stops early: 5-s epochs in a 200-s budget would
     fit 35, the cap is 12, so the resize says the cap and the ~140 s it leaves; a resize under the cap says nothing."""
-    module = SimpleNamespace(hparams=SimpleNamespace(warmup_epochs=1, min_lr_ratio=0.01))
+    module = SimpleNamespace(recipe=TrainingRecipe(warmup_epochs=1, min_lr_ratio=0.01))
     lines, now = [], [0.0]
     for cap in (12, 100):
         now[0], trainer = 0.0, FakeTrainer(10, module)
@@ -391,7 +392,7 @@ def test_max_time_is_taken_as_the_budget_instead_of_a_cut(digits_folder, in_tmp,
 def test_with_two_warmup_epochs_both_are_timed():
     """Two timed epochs (here 6 s and 2 s, the first with one-time costs): their mean sizes the run."""
     now = [0.0]
-    module = SimpleNamespace(hparams=SimpleNamespace(warmup_epochs=2, min_lr_ratio=0.01))
+    module = SimpleNamespace(recipe=TrainingRecipe(warmup_epochs=2, min_lr_ratio=0.01))
     trainer = FakeTrainer(50, module)
     cb = FitBudget(deadline=200.0, cap=100, clock=lambda: now[0], teardown_s=0.0)
     for epoch, took in ((0, 6.0), (1, 2.0)):
@@ -411,7 +412,7 @@ def test_frozen_epochs_are_not_timed(field):
     would size the run for 3-s epochs. Nothing is decided after it; the first epoch that trains everything is timed,
     and the run then ends on time."""
     now = [0.0]
-    module = SimpleNamespace(hparams=SimpleNamespace(warmup_epochs=1, min_lr_ratio=0.01, **{field: 1}))
+    module = SimpleNamespace(recipe=TrainingRecipe(warmup_epochs=1, min_lr_ratio=0.01, **{field: 1}))
     trainer = FakeTrainer(20, module)
     cb = FitBudget(deadline=200.0, cap=100, clock=lambda: now[0], teardown_s=0.0)
     for epoch, took in ((0, 3.0), (1, 8.0)):
@@ -494,7 +495,7 @@ def test_when_epochs_slow_down_mid_run_the_rest_of_the_schedule_is_compressed_in
     """Timed: two 5-s epochs; then the machine slows to 7 s an epoch. The run is shortened so that it ends by the
     deadline, and the learning rate is continuous where it was shortened and ends at its last value."""
     now = [0.0]
-    module = SimpleNamespace(hparams=SimpleNamespace(warmup_epochs=2, min_lr_ratio=0.01))
+    module = SimpleNamespace(recipe=TrainingRecipe(warmup_epochs=2, min_lr_ratio=0.01))
     trainer = FakeTrainer(40, module)
     saved = []
     cb = FitBudget(deadline=200.0, cap=100, on_change=saved.append, clock=lambda: now[0], teardown_s=0.0)
@@ -543,7 +544,7 @@ def test_when_epochs_speed_up_mid_run_the_schedule_is_stretched_over_the_time_le
     """Timed: two 8-s epochs (a busy moment); then 4 s an epoch. The run grows to use the budget, the learning rate
     stays continuous and still ends at its last value, and the run ends in time."""
     now = [0.0]
-    module = SimpleNamespace(hparams=SimpleNamespace(warmup_epochs=2, min_lr_ratio=0.01))
+    module = SimpleNamespace(recipe=TrainingRecipe(warmup_epochs=2, min_lr_ratio=0.01))
     trainer = FakeTrainer(30, module)
     cb = FitBudget(deadline=200.0, cap=100, clock=lambda: now[0], teardown_s=0.0)
     epoch = 0

@@ -147,7 +147,7 @@ class AttentionMapCallback(L.Callback):
         if tb is None:
             return
         x = self._fixed_images(trainer).to(pl_module.device)
-        hp = pl_module.hparams
+        hp = pl_module.recipe
         was_training = pl_module.training
         pl_module.eval()
         try:
@@ -173,7 +173,7 @@ class AttentionMapCallback(L.Callback):
     def _log_relevance(self, pl_module: L.LightningModule, x: torch.Tensor, writer, step: int) -> None:
         """attention/relevance: the images, the relevance of the predicted class, and of the true class where it
         differs (else a blank tile); and the deletion AUC of relevance and rollout on the fixed measuring set."""
-        model, hp = pl_module.model, pl_module.hparams
+        model, hp = pl_module.model, pl_module.recipe
         y = self._labels[: len(x)].to(x.device)
         rel_pred, logits, _ = relevance(model, x)
         rel_true, _, _ = relevance(model, x, target=y)

@@ -86,7 +86,7 @@ class RunEstimate(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         # timed in the first epoch that trains everything: frozen epochs skip part of the backward pass (the hybrid's
         # first took half the time of the next), so their steps would promise half the run's time
-        first = frozen_epochs(pl_module.hparams)
+        first = frozen_epochs(pl_module.recipe)
         if trainer.current_epoch == first and self.estimate_s is None and batch_idx == self._skip:
             self._t0 = self._now(pl_module)
 

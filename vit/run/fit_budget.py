@@ -48,7 +48,7 @@ class FitBudget(L.Callback):
         self._starts: list[float] = []  # when each timed epoch started
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        now, epoch, hp = self.clock(), trainer.current_epoch, pl_module.hparams
+        now, epoch, hp = self.clock(), trainer.current_epoch, pl_module.recipe
         frozen = frozen_epochs(hp)
         if epoch == frozen:
             self._start, self._starts = now, []
@@ -109,7 +109,7 @@ class FitBudget(L.Callback):
             return
         steps_per_epoch = trainer.estimated_stepping_batches / old
         total = max(1, round(steps_per_epoch * epochs))
-        hp = pl_module.hparams
+        hp = pl_module.recipe
         warmup = schedule_warmup(hp.warmup_epochs, steps_per_epoch, total, epochs)
         trainer.fit_loop.max_epochs = epochs
         for cfg in trainer.lr_scheduler_configs:

@@ -1,7 +1,7 @@
 """Parameters held still in the first epochs of a run that starts from pretrained weights, and their BatchNorm
 statistics with them.
 
-    frozen = frozen_names(model, epoch, hparams)   # {"patch_embed.stem.conv_stem.weight", ...}
+    frozen = frozen_names(model, epoch, recipe)    # {"patch_embed.stem.conv_stem.weight", ...}
     hold_batchnorm(model, frozen, training=True)   # BatchNorm layers whose weights are frozen: eval mode
 """
 
@@ -10,22 +10,24 @@ from __future__ import annotations
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from vit.training.recipe import TrainingRecipe
+
 HEADS = ("head.", "head_dist.", "fc_norm.")  # what `freeze_backbone_epochs` leaves trainable
 STEM = "patch_embed.stem."  # a hybrid's CNN stem, held by `freeze_stem_epochs`
 
 
-def frozen_epochs(hparams) -> int:
+def frozen_epochs(recipe: TrainingRecipe) -> int:
     """The first epochs in which some parameters are held (no backward pass through them: those epochs cost less, so a
     run's speed is timed after them)."""
-    return max(getattr(hparams, "freeze_stem_epochs", 0), getattr(hparams, "freeze_backbone_epochs", 0))
+    return max(recipe.freeze_stem_epochs, recipe.freeze_backbone_epochs)
 
 
-def frozen_names(model: torch.nn.Module, epoch: int, hparams) -> set[str]:
+def frozen_names(model: torch.nn.Module, epoch: int, recipe: TrainingRecipe) -> set[str]:
     """The names of `model`'s parameters that take no gradient in `epoch`: all but the head's in the first
     `freeze_backbone_epochs`, a CNN stem's in the first `freeze_stem_epochs`."""
     names = [name for name, _ in model.named_parameters()]
-    frozen = {n for n in names if not n.startswith(HEADS)} if epoch < hparams.freeze_backbone_epochs else set()
-    if epoch < hparams.freeze_stem_epochs:
+    frozen = {n for n in names if not n.startswith(HEADS)} if epoch < recipe.freeze_backbone_epochs else set()
+    if epoch < recipe.freeze_stem_epochs:
         frozen |= {n for n in names if n.startswith(STEM)}
     return frozen
 

@@ -5,8 +5,6 @@ the model and preprocess an image (architecture, class names, image size, mean, 
 checkpoint's `hyper_parameters`, so checkpoints load with `torch.load(weights_only=True)`.
 """
 
-from typing import Literal
-
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -20,7 +18,6 @@ from vit.model.moe import MoEMlp
 from vit.model.record import rng_states_of
 from vit.model.start_weights import forget_weight_files, load_start_weights
 from vit.model.vision_transformer import VisionTransformer
-from vit.training.arguments import check_arguments
 from vit.training.drloc import RelativeLocalization
 from vit.training.freezing import frozen_names, hold_batchnorm
 from vit.training.losses import LossTerms
@@ -28,6 +25,7 @@ from vit.training.metrics import ConfusionCounts, TopKAccuracy, expert_usage_his
 from vit.training.multilabel import multilabel_loss, multilabel_metrics
 from vit.training.nonfinite import NonFiniteGuard, NonFiniteLossError, supports_found_inf
 from vit.training.optim import build_optimizer, clip_on_device, grads_of
+from vit.training.recipe import RECIPE_FIELDS, TrainingRecipe
 from vit.training.rng import restore_rng_states, rng_states
 from vit.training.schedules import lr_factor, schedule_warmup, train_side
 from vit.training.teacher import LocalityGuidance, TeacherFit
@@ -37,127 +35,48 @@ class ViTClassifier(L.LightningModule):
     """Image classification with a ViT.
 
     Args:
-        lr: peak learning rate of AdamW, reached after `warmup_epochs` of linear warmup, then cosine to
-            `lr * min_lr_ratio`, stepped every batch.
-        weight_decay: AdamW decay, not applied to norms, biases, position embeddings and the class token.
-        mixup_alpha, cutmix_alpha: timm's Mixup/CutMix on the batch (0 = off); `mixup_prob` per batch.
-        init_from: weights to start from (vit/model/pretrained.py): a timm name found in the Hugging Face cache, a
-            timm ViT weights file (.safetensors / .pth / .bin, timm's config.json beside it read when there) or a
-            checkpoint of this toolkit. The head is new when the classes differ, the position embeddings are
-            resampled to img_size, the first layer adapted to the channels. `arch` must match the weights
-            (`vit-train fit` fills it from them). Saved checkpoints hold the weights, not this name.
-        stem_from: ImageNet weights of a hybrid stem (`arch.stem` tf_efficientnet_lite*), for a new run only.
-        layer_decay: layer-wise learning-rate decay (BEiT): block i of L gets lr * layer_decay ** (L + 1 - i).
-        freeze_backbone_epochs: train only the head (and fc_norm) for this many epochs first.
-        freeze_stem_epochs: a pretrained CNN stem (`arch.stem` tf_efficientnet_lite*) takes no gradient for this many
-            epochs first while the new blocks on it train (LP-FT's argument; the hybrid plan sets 1).
         arch: the architecture (`vit.model.ViTConfig`; a dict of its fields also works): `model.arch` in YAML.
-        moe_aux_weight: with `arch.moe_experts`, the weight of the load-balancing loss in the training loss (logged as
-            train/moe_aux_loss); each epoch's expert usage goes to TensorBoard as histograms moe/expert_usage/layer_i.
-        skip_nonfinite: skip the optimizer update of a step whose loss or gradients are NaN or infinite (counted
-            in train/skipped_nonfinite) instead of stopping with an error that names the step. Decided on the
-            device, without a host sync per step (vit/training/nonfinite.py).
-        compile: torch.compile the model (in place, before fit). Pays off on GPU; on a 2-core CPU a digits epoch
-            ran 20% faster but compiling took 31 s (cold cache), more than make train's 60 epochs win back.
-        ema_decay: keep an exponential moving average of the weights, updated every step with this decay (0: off;
-            0.999 averages over ~1,000 steps), and use it for validation and in the saved checkpoints (what predict,
-            export and serve load): Lightning's EMAWeightAveraging callback over vit/training/ema.py's DeviceEMA.
-        optimizer: "adamw", or "muon": Muon for the blocks' 2D matrices and AdamW for the rest, at the same lr and
-            weight decay (vit.training.optim.MuonWithAdamW).
-        schedule: after warmup, "cosine" to `lr * min_lr_ratio`, or "wsd" (warmup-stable-decay): the peak lr until
-            the last `WSD_DECAY` share of the steps, then linear down to `lr * min_lr_ratio`.
-        resize_from: progressive resizing (0: off): train at this side first (a multiple of patch_size, below
-            img_size), growing by one patch per phase up to img_size when `resize_until` of the epochs are done. The
-            batch is resized on the device; the position embeddings are resampled to the smaller grid.
-        patch_drop_until: with `arch.patch_drop_rate`, the share of the epochs that drop patch tokens (then none).
-        logit_adjust_tau: the logit-adjusted loss for long-tailed data (Menon et al., 2021): the training loss sees
-            `logits + tau * log(prior)`, the prior being the training set's class shares, so that rare classes need a
-            larger margin; predictions use the plain logits. 0: off.
-        posthoc_logit_adjust: at the end of fit, choose tau on the validation set and fold `-tau * log(prior)` into
-            the saved checkpoints' head bias (vit/evaluation/logit_adjustment.py; tau 0 where the gain is within the
-            validation set's noise): balanced accuracy for a skewed prior. The planner sets it on long tails.
-        class_names, mean, std: linked from the DataModule by `train.py`; saved for predict.
-        task: linked from the DataModule: "multiclass" (one label an image, softmax), or "multilabel" (several: a
-            sigmoid per label, binary cross-entropy, val/mAP and F1; vit/training/multilabel.py).
-        teacher: a timm CNN trained from scratch first, for `teacher_share` of the budget (ImageNet weights,
-            vit/model/cnn_weights.py: fine-tuned), or a teacher.safetensors of an earlier run; then DeiT's hard
-            distillation (`distill_weight`, vit/training/teacher.py), by the distillation token's head with
-            `arch.dist_token`, else by the logits. `teacher_img_size`: the side it sees (null: the student's).
-        drloc_weight: DRLoc's auxiliary loss (the final tokens' relative positions, vit/training/drloc.py); 0: off.
-        guidance_weight: with a teacher, locality guidance: every block imitates a teacher stage's features; 0: off.
+        **recipe: the training recipe's fields (`vit.training.recipe.TrainingRecipe`: lr, schedule, losses, starting
+            weights, class names...), flat: `model.lr` in YAML, `--model.lr` on the command line. Kept typed as
+            `self.recipe` and saved, with `arch` as a dict, as the checkpoint's `hyper_parameters`.
     """
 
     def __init__(
         self,
         arch: ViTConfig = ViTConfig(),  # noqa: B008 (a frozen-by-convention default: replaced, never mutated)
-        moe_aux_weight: float = 0.01,
-        lr: float = 1e-3,
-        weight_decay: float = 0.05,
-        betas: tuple[float, float] = (0.9, 0.999),
-        warmup_epochs: float = 5.0,
-        min_lr_ratio: float = 0.01,
-        label_smoothing: float = 0.1,
-        mixup_alpha: float = 0.0,
-        cutmix_alpha: float = 0.0,
-        mixup_prob: float = 1.0,
-        compile: bool = False,
-        init_from: str | None = None,
-        stem_from: str | None = None,
-        layer_decay: float | None = None,
-        freeze_backbone_epochs: int = 0,
-        freeze_stem_epochs: int = 0,
-        skip_nonfinite: bool = False,
-        ema_decay: float = 0.0,
-        optimizer: Literal["adamw", "muon"] = "adamw",
-        schedule: Literal["cosine", "wsd"] = "cosine",
-        resize_from: int = 0,
-        resize_until: float = 0.5,
-        patch_drop_until: float = 1.0,
-        logit_adjust_tau: float = 0.0,
-        posthoc_logit_adjust: bool = False,
-        class_names: list[str] | None = None,
-        task: Literal["multiclass", "multilabel"] = "multiclass",
-        teacher: str | None = None,
-        teacher_share: float = 0.3,
-        teacher_img_size: int | None = None,
-        distill_weight: float = 0.5,
-        drloc_weight: float = 0.0,
-        guidance_weight: float = 0.0,
-        mean: tuple[float, ...] = (0.5, 0.5, 0.5),
-        std: tuple[float, ...] = (0.5, 0.5, 0.5),
+        **recipe,
     ):
         super().__init__()
         if isinstance(arch, dict):  # load_from_checkpoint passes the saved hyper-parameters back: arch is a dict
             arch = ViTConfig.from_dict(arch)
+        unknown = sorted(set(recipe) - RECIPE_FIELDS)
+        if unknown:  # a TypeError from the dataclass would not say where the name came from
+            raise ValueError(f"model argument {unknown[0]!r} is neither a training recipe field nor arch")
+        self.recipe = TrainingRecipe(**recipe)  # checked: one ValueError naming the field and the value
+        self.recipe.check_with(arch)
         # Plain types only (lists, not tuples of objects): the checkpoint must load with weights_only=True.
         self.save_hyperparameters()
-        check_arguments(arch, self.hparams)
-        self.hparams.update(
-            arch=arch.to_dict(),
-            class_names=list(class_names) if class_names else None,
-            mean=[float(v) for v in mean],
-            std=[float(v) for v in std],
-            betas=[float(b) for b in betas],
-        )
+        self.hparams.update(arch=arch.to_dict(), **self.recipe.to_dict())
         self.model = VisionTransformer(arch)
         self._moe_layers = [m for m in self.model.modules() if isinstance(m, MoEMlp)]  # a list: not re-registered
         self._expert_counts = torch.zeros(len(self._moe_layers), arch.moe_experts, dtype=torch.long)
-        load_start_weights(self.model, init_from, stem_from, class_names)  # on_save_checkpoint forgets the files
+        r = self.recipe
+        load_start_weights(self.model, r.init_from, r.stem_from, r.class_names)  # on_save_checkpoint forgets the files
         # DRLoc's MLP and locality guidance's maps: trained beside the ViT (drloc.*, guidance.*), never exported
-        self.drloc = RelativeLocalization(arch.embed_dim) if drloc_weight > 0 else None
-        self.guidance = LocalityGuidance.of(teacher, arch) if guidance_weight > 0 else None
+        self.drloc = RelativeLocalization(arch.embed_dim) if r.drloc_weight > 0 else None
+        self.guidance = LocalityGuidance.of(r.teacher, arch) if r.guidance_weight > 0 else None
         self.losses = LossTerms(
             num_classes=arch.num_classes,
-            task=task,
-            label_smoothing=label_smoothing,
-            mixup_alpha=mixup_alpha,
-            cutmix_alpha=cutmix_alpha,
-            mixup_prob=mixup_prob,
-            distill_weight=distill_weight,
-            moe_aux_weight=moe_aux_weight,
+            task=r.task,
+            label_smoothing=r.label_smoothing,
+            mixup_alpha=r.mixup_alpha,
+            cutmix_alpha=r.cutmix_alpha,
+            mixup_prob=r.mixup_prob,
+            distill_weight=r.distill_weight,
+            moe_aux_weight=r.moe_aux_weight,
         )
         self._add_metrics(arch.num_classes)
-        if task == "multilabel":
+        if r.task == "multilabel":
             self.val_multi, self.test_multi = multilabel_metrics(arch.num_classes), multilabel_metrics(arch.num_classes)
         self._add_training_state()
 
@@ -184,18 +103,18 @@ class ViTClassifier(L.LightningModule):
 
     def configure_model(self) -> None:
         # In place, so that state-dict keys stay `model.*` (self.model = torch.compile(...) would add `_orig_mod.`).
-        if self.hparams.compile and not getattr(self, "_compiled", False):
+        if self.recipe.compile and not getattr(self, "_compiled", False):
             self.model.compile()
             self._compiled = True
 
     def configure_callbacks(self) -> list[L.Callback]:
         callbacks: list[L.Callback] = []
-        if self.hparams.ema_decay > 0:
+        if self.recipe.ema_decay > 0:
             from vit.training.ema import EMA  # Lightning's EMAWeightAveraging without its two host reads a step
 
-            callbacks.append(EMA(decay=self.hparams.ema_decay))
-        if self.hparams.teacher:
-            hp = self.hparams
+            callbacks.append(EMA(decay=self.recipe.ema_decay))
+        if self.recipe.teacher:
+            hp = self.recipe
             callbacks.append(TeacherFit(hp.teacher, hp.teacher_share, img_size=hp.teacher_img_size))
         return callbacks
 
@@ -218,9 +137,9 @@ class ViTClassifier(L.LightningModule):
         taps = [] if maps is not None else None  # each block's tokens (B, prefix + N, D)
         tokens = self.model.forward_features(x, taps)  # (B, prefix + N, D)
         grid, prefix = self.model.patch_embed.grid(x), self.model.num_prefix_tokens
-        aux = self.hparams.drloc_weight * self.drloc(tokens[:, prefix:], grid) if self.drloc is not None else 0.0
+        aux = self.recipe.drloc_weight * self.drloc(tokens[:, prefix:], grid) if self.drloc is not None else 0.0
         if maps is not None:
-            aux = aux + self.hparams.guidance_weight * self.guidance([t[:, prefix:] for t in taps], maps, grid)
+            aux = aux + self.recipe.guidance_weight * self.guidance([t[:, prefix:] for t in taps], maps, grid)
         logits, dist = self.model.forward_heads(tokens)  # dist (B, C): None without a distillation token
         return logits, aux, None if teacher_logits is None else (logits if dist is None else dist, teacher_logits)
 
@@ -246,14 +165,14 @@ class ViTClassifier(L.LightningModule):
             counts = torch.stack([m.expert_counts for m in self._moe_layers])  # (blocks, E) on the device
             self._expert_counts = self._expert_counts.to(counts.device) + counts
         loss = self.losses(logits, target, mixed=mixed, distill=distill, aux=aux, moe_aux=moe_aux)
-        if not mixed and self.hparams.task != "multilabel":
+        if not mixed and self.recipe.task != "multilabel":
             # update only: one log of the epoch's accuracy in on_train_epoch_end instead of a self.log per step
             # (each costs Lightning an apply_to_collection over the metric), and no per-batch compute
             self.train_acc.update(logits.detach(), y.argmax(-1) if y.is_floating_point() else y)
         if self._guard_on_device:  # checked on the device before the update (on_before_optimizer_step)
             self._guard.on_loss(loss, self.global_step, self.current_epoch, batch_idx)
         elif not torch.isfinite(loss):  # an optimizer without `found_inf`: a host check (a sync) per step
-            if self.hparams.skip_nonfinite:
+            if self.recipe.skip_nonfinite:
                 self._skipped += 1
                 return None  # Lightning skips backward and the optimizer step
             raise NonFiniteLossError.at(loss.item(), self.global_step, self.current_epoch, batch_idx)
@@ -299,7 +218,7 @@ class ViTClassifier(L.LightningModule):
         if found is None:
             return
         count, step, epoch, batch, loss = found
-        if not self.hparams.skip_nonfinite:
+        if not self.recipe.skip_nonfinite:
             raise NonFiniteLossError.at(loss, step, epoch, batch)
         self._skipped += count
 
@@ -341,7 +260,7 @@ class ViTClassifier(L.LightningModule):
         self._loader_state = fit_state.get("combined_loader") or None
 
     def on_fit_start(self) -> None:
-        tau = self.hparams.logit_adjust_tau
+        tau = self.recipe.logit_adjust_tau
         if tau > 0:
             counts = self.trainer.datamodule.class_counts() if self.trainer.datamodule is not None else None
             if counts is None:
@@ -363,7 +282,7 @@ class ViTClassifier(L.LightningModule):
     def _eval_step(self, batch, stage: str) -> None:
         x, y = batch
         logits = self(x)
-        if self.hparams.task == "multilabel":  # (B, C) 0/1 targets: mAP and F1 instead of accuracy
+        if self.recipe.task == "multilabel":  # (B, C) 0/1 targets: mAP and F1 instead of accuracy
             scores = self.val_multi if stage == "val" else self.test_multi
             scores.update(logits, y.long())
             self.log(f"{stage}/loss", multilabel_loss(logits, y), prog_bar=True, sync_dist=True)
@@ -386,7 +305,7 @@ class ViTClassifier(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         """The mean recall over classes (what accuracy hides on an imbalanced folder) and macro F1, from the epoch's
         confusion counts (summed over ranks by torchmetrics)."""
-        if self.hparams.task == "multilabel":
+        if self.recipe.task == "multilabel":
             return
         if self.val_counts.update_called:
             balanced, f1 = self.val_counts.compute()
@@ -405,7 +324,7 @@ class ViTClassifier(L.LightningModule):
         return self
 
     def on_train_epoch_start(self) -> None:
-        frozen = self._held = frozen_names(self.model, self.current_epoch, self.hparams)
+        frozen = self._held = frozen_names(self.model, self.current_epoch, self.recipe)
         hold_batchnorm(self.model, frozen, self.training)
         # One process: no gradients for the frozen parameters at all (no backward through them). Under DDP the
         # parameters that take part were fixed when the model was wrapped, so they keep requires_grad and their
@@ -416,14 +335,14 @@ class ViTClassifier(L.LightningModule):
         self._frozen = [p for name, p in self.model.named_parameters() if name in frozen] if ddp else []
         # Phases by the share of the epochs done (max_epochs as it stands: FitBudget may resize it).
         done = self.current_epoch / max(1, self.trainer.max_epochs or 1)
-        hp = self.hparams
+        hp = self.recipe
         self._train_side = train_side(self.model.cfg, hp.resize_from, hp.resize_until, done)
         if self.model.patch_drop is not None:
-            on = done < self.hparams.patch_drop_until
+            on = done < self.recipe.patch_drop_until
             self.model.patch_drop.prob = self.model.cfg.patch_drop_rate if on else 0.0
 
     def configure_optimizers(self):
-        hp = self.hparams
+        hp = self.recipe
         optimizer = build_optimizer(
             self.model,
             [aux for aux in (self.drloc, self.guidance) if aux is not None],

@@ -231,8 +231,8 @@ class TeacherFit(L.Callback):
             return
         dm = trainer.datamodule
         cfg = pl_module.model.cfg
-        mean = torch.tensor(pl_module.hparams.mean).view(1, -1, 1, 1)
-        std = torch.tensor(pl_module.hparams.std).view(1, -1, 1, 1)
+        mean = torch.tensor(pl_module.recipe.mean).view(1, -1, 1, 1)
+        std = torch.tensor(pl_module.recipe.std).view(1, -1, 1, 1)
         folder = run_folder(trainer)
         resumed = trainer.ckpt_path is not None and (folder / TEACHER_FILE).is_file()
         reuse = self.name.endswith(".safetensors") and not self.pretrained  # a teacher file of an earlier run
