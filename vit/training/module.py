@@ -1,6 +1,7 @@
 """The LightningModule: loss, metrics, optimizer and schedule around the plain `VisionTransformer`.
 
-Its typed `__init__` arguments are the `model:` section of the YAML configs. Everything predict needs to rebuild
+Its `__init__` takes the `model:` section of the YAML configs as two config objects: `arch` (vit.model.ViTConfig)
+and the training recipe's fields, flat (vit.training.recipe.TrainingRecipe). Everything predict needs to rebuild
 the model and preprocess an image (architecture, class names, image size, mean, std) is saved as plain types in the
 checkpoint's `hyper_parameters`, so checkpoints load with `torch.load(weights_only=True)`.
 """
