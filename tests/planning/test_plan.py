@@ -310,6 +310,11 @@ def test_a_folder_run_plans_yours_win_and_plan_yaml_repeats_it(digits_folder, in
     assert (
         saved["plan"] is False and saved["budget"] is None and saved["model"]["arch"]["embed_dim"] == arch["embed_dim"]
     )
+    # the table shows your values in the rows they replace, beside the plan's: the run trains with yours
+    rows = {line[1:].split()[0]: line for line in plan_file.read_text().splitlines() if line.startswith("#   ")}
+    assert "-> yours: depth=1" in rows["model"] and "the plan's:" in rows["model"], rows["model"]
+    assert "-> yours: max_epochs=2" in rows["epochs"] and "-> yours: lr=0.003" in rows["batch,"]
+    assert "yours" not in rows["img_size,"] and "model.arch.depth=1" in rows["yours"]
     first = _state(in_tmp / "checkpoints" / "folder" / "version_0" / "last.ckpt")
 
     again = train.main(["fit", "--config", str(plan_file), "--trainer.enable_progress_bar", "false"])

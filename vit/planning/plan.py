@@ -55,6 +55,14 @@ from vit.planning.rules import (
 from vit.planning.speed import Machine, calibrate
 
 TABLE_VALUE_WIDTH = 60  # the plan table's value column at most; with the other two it fits a 120-column terminal
+# The config keys behind a row of the table: where you set one of them, the row shows your value after the plan's.
+ROW_KEYS = {
+    "img_size, patch": ("data.init_args.img_size", "model.arch.patch_size"),
+    "model": ("model.arch.embed_dim", "model.arch.depth", "model.arch.num_heads"),
+    "epochs": ("trainer.max_epochs",),
+    "batch, lr, warmup": ("data.init_args.batch_size", "model.lr", "model.warmup_epochs"),
+    "precision": ("trainer.precision",),
+}
 
 
 @dataclass
@@ -72,6 +80,18 @@ class Plan:
         w = max(len(r[0]) for r in self.rows)
         v = max((len(r[1]) for r in self.rows if len(r[1]) <= TABLE_VALUE_WIDTH), default=0)
         return "\n".join(f"  {a:<{w}}  {b:<{v}}  {c}".rstrip() for a, b, c in self.rows)
+
+    def mark_yours(self, yours: dict[str, Any]) -> None:
+        """Your values of planned keys (dotted key -> value), which the run trains with: each row they replace
+        shows them after the plan's value (its reason kept as the plan's), and a last row lists them all."""
+        if not yours:
+            return
+        for i, (what, value, why) in enumerate(self.rows):
+            mine = [f"{key.rsplit('.', 1)[1]}={yours[key]}" for key in ROW_KEYS.get(what, ()) if key in yours]
+            if mine:
+                self.rows[i] = (what, f"{value} -> yours: {', '.join(mine)}", f"the plan's: {why}")
+        listed = ", ".join(f"{key}={value}" for key, value in yours.items())
+        self.rows.append(("yours (wins)", listed, "set in a config or on the command line"))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -80,10 +80,10 @@ def apply_plan(
     else:
         plan = plan_a_start(config, fp, budget, explicit, lambda: clock() - start, **at)
     plan = with_objective(plan, fp, config.get("objective") or "auto")
-    yours = []
+    yours = {}
     for key, value in plan.overrides.items():
         if is_explicit(key, explicit):
-            yours.append(f"{key}={config.get(key)}")
+            yours[key] = config.get(key)
         else:
             config[key] = tuple(value) if isinstance(value, list) else value
     if config.get("model.arch.patch_drop_rate") and not is_explicit("model.arch.patch_drop_rate", explicit):
@@ -94,8 +94,7 @@ def apply_plan(
             plan.rows.append(("patch dropout", "off", "your attention pattern or RoPE needs every token"))
     if is_explicit("trainer.max_epochs", explicit) and not is_explicit("model.warmup_epochs", explicit):
         config.model.warmup_epochs = warmup_epochs(config.trainer.max_epochs or 1)  # 5% of your epochs
-    if yours:
-        plan.rows.append(("yours (wins)", ", ".join(yours), "set in a config or on the command line"))
+    plan.mark_yours(yours)
     teacher = config.get("model.teacher")
     if teacher:  # vit/training/teacher.py: trained (or read) when fit starts; the ViT's epochs then fit what is left
         share, of = config.get("model.teacher_share"), "the time left" if budget is not None else "max_epochs"
