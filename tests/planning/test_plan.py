@@ -313,7 +313,8 @@ def test_a_folder_run_plans_yours_win_and_plan_yaml_repeats_it(digits_folder, in
     # the table shows your values in the rows they replace, beside the plan's: the run trains with yours
     rows = {line[1:].split()[0]: line for line in plan_file.read_text().splitlines() if line.startswith("#   ")}
     assert "-> yours: depth=1" in rows["model"] and "the plan's:" in rows["model"], rows["model"]
-    assert "-> yours: max_epochs=2" in rows["epochs"] and "-> yours: lr=0.003" in rows["batch,"]
+    assert "-> yours: max_epochs=2" in rows["epochs"]
+    assert "-> yours: lr=0.003, warmup_epochs=1" in rows["batch,"]  # the warmup follows your epochs (at least 1)
     assert "yours" not in rows["img_size,"] and "model.arch.depth=1" in rows["yours"]
     first = _state(in_tmp / "checkpoints" / "folder" / "version_0" / "last.ckpt")
 

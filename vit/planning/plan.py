@@ -81,17 +81,24 @@ class Plan:
         v = max((len(r[1]) for r in self.rows if len(r[1]) <= TABLE_VALUE_WIDTH), default=0)
         return "\n".join(f"  {a:<{w}}  {b:<{v}}  {c}".rstrip() for a, b, c in self.rows)
 
-    def mark_yours(self, yours: dict[str, Any]) -> None:
-        """Your values of planned keys (dotted key -> value), which the run trains with: each row they replace
-        shows them after the plan's value (its reason kept as the plan's), and a last row lists them all."""
+    def mark_yours(self, yours: dict[str, Any], follows: dict[str, Any] | None = None) -> None:
+        """Your values of planned keys (dotted key -> value), which the run trains with, and the planned values that
+        follow them (`follows`: the warmup of your epochs): each row they replace shows them after the plan's value
+        (its reason kept as the plan's), and a last row lists yours."""
         if not yours:
             return
+        changed = {**(follows or {}), **yours}
         for i, (what, value, why) in enumerate(self.rows):
-            mine = [f"{key.rsplit('.', 1)[1]}={yours[key]}" for key in ROW_KEYS.get(what, ()) if key in yours]
+            mine = [_setting(key, changed[key]) for key in ROW_KEYS.get(what, ()) if key in changed]
             if mine:
                 self.rows[i] = (what, f"{value} -> yours: {', '.join(mine)}", f"the plan's: {why}")
         listed = ", ".join(f"{key}={value}" for key, value in yours.items())
         self.rows.append(("yours (wins)", listed, "set in a config or on the command line"))
+
+
+def _setting(key: str, value: Any) -> str:
+    """`patch_size=4` for model.arch.patch_size; a float as %g."""
+    return f"{key.rsplit('.', 1)[1]}={value:g}" if isinstance(value, float) else f"{key.rsplit('.', 1)[1]}={value}"
 
 
 # ---------------------------------------------------------------------------------------------------------------------

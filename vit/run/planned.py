@@ -92,9 +92,11 @@ def apply_plan(
             # your attention follows the patch grid (the model refuses PatchDropout there): train every token
             config.model.arch.patch_drop_rate = 0.0
             plan.rows.append(("patch dropout", "off", "your attention pattern or RoPE needs every token"))
+    follows = {}  # planned values that follow yours
     if is_explicit("trainer.max_epochs", explicit) and not is_explicit("model.warmup_epochs", explicit):
         config.model.warmup_epochs = warmup_epochs(config.trainer.max_epochs or 1)  # 5% of your epochs
-    plan.mark_yours(yours)
+        follows["model.warmup_epochs"] = config.model.warmup_epochs
+    plan.mark_yours(yours, follows)
     teacher = config.get("model.teacher")
     if teacher:  # vit/training/teacher.py: trained (or read) when fit starts; the ViT's epochs then fit what is left
         share, of = config.get("model.teacher_share"), "the time left" if budget is not None else "max_epochs"
