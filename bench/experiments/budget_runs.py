@@ -51,7 +51,7 @@ def main() -> None:
             best = re.findall(r"best (val/\S+) ([0-9.]+)", log)
             epochs = re.findall(r"epochs\s+(\d+)\s", log)
             resized = re.findall(r"so (\d+) epochs instead of|ends after (\d+) epochs", log)
-            grid = re.search(r"img_size, patch\s+(\d+), (\d+)\s+(\d+) tokens", log)
+            grid = re.search(r"img_size, patch\s+(\d+), (\d+)[^\n]*?(\d+) tokens", log)  # the plan's grid
             model = re.search(r"model\s+(\d+) wide, (\d+) blocks", log)
             row = {
                 "data": str(data),
