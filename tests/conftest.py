@@ -17,8 +17,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two
     torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Files holding the longest tests outside the xdist groups, run first: pytest-xdist hands the ungrouped tests out in
-# collection order (after the groups), so a long test collected last kept one worker busy while the other sat idle
-# (the two workers ended 9 s apart with test_pretrained_cnn's 15 s handed out last; docs/testing.md).
+# collection order (after the groups), so a long test collected last keeps one worker busy while the other has nothing
+# left (test_pretrained_cnn's 15 s handed out last: the two workers end 9 s apart; docs/testing.md).
 LONGEST_FIRST = (
     "planning/test_hybrid_plan.py",
     "training/test_pretrained_cnn.py",
