@@ -115,10 +115,10 @@ def measure_after_fit(
     measured, done = {}, []  # done: (state_dict, measurement) of the weights already measured
     for path in dict.fromkeys(paths):
         ckpt = load_checkpoint(path)
-        model, _ = model_of(ckpt, path)
-        state = model.state_dict()
+        state = ckpt["state_dict"]  # compared as saved: weights measured already build no model
         found = next((m for seen, m in done if _same_weights(seen, state)), None)
         if found is None:
+            model, _ = model_of(ckpt, path)
             val = features_of(
                 model, whole_val_batches(dm, limit=val_limit), device
             )  # (N, L + 1, D), (N, C), (N,), (N, 5)
