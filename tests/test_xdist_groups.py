@@ -10,3 +10,12 @@ def test_a_marked_test_runs_in_its_group(request):
     if not getattr(request.config.option, "loadgroup", False):
         pytest.skip("checks make test's workers (pytest -n 2 --dist loadgroup)")
     assert request.node.nodeid.endswith("@groups"), request.node.nodeid
+
+
+def test_the_tests_that_read_the_shared_onnx_export_run_in_the_serve_group(request):
+    """tests/conftest.py puts every test that reads `smoke_onnx` in the serve group, where the server's int8 test reads
+    it too: the export is made once a session instead of once on each worker."""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("checks make test's workers (pytest -n 2 --dist loadgroup)")
+    readers = [item for item in request.session.items if "smoke_onnx" in item.fixturenames]
+    assert len(readers) >= 4 and all(item.nodeid.endswith("@serve") for item in readers), readers
