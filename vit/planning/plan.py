@@ -98,7 +98,8 @@ class Plan:
 
 def _setting(key: str, value: Any) -> str:
     """`patch_size=4` for model.arch.patch_size; a float as %g."""
-    return f"{key.rsplit('.', 1)[1]}={value:g}" if isinstance(value, float) else f"{key.rsplit('.', 1)[1]}={value}"
+    name = key.rsplit(".", 1)[1]
+    return f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
